@@ -1,0 +1,345 @@
+"""Decoder-only transformer (Llama / Qwen2 / Qwen2.5 / Qwen3 families) as a Flax NNX module.
+
+Layer weights are stacked along a leading layer axis and the blocks run under `lax.scan`, so a
+30-layer model compiles as fast as a 1-layer one and the KV cache is one array per tensor
+(`[L, B, S, Hkv, D]`). Weight layout is "in x out" (`x @ w`); loaders transpose Hugging Face's
+`[out, in]` Linear weights.
+
+Family differences, all switched by `TransformerConfig`:
+- Llama: no biases, no q/k norm, RoPE theta (+ optional "llama3" / "linear" / "yarn" scaling).
+- Qwen2 / Qwen2.5: bias on q, k, v projections (`attention_bias=True`).
+- Qwen3: RMSNorm on q and k per head before RoPE (`qk_norm=True`), no biases.
+
+Call forms (tokens are `[B, T]` int32):
+- `model(tokens)` -> logits `[B, T, V]` (positions 0..T-1, causal, no padding).
+- `model(tokens, positions=..., attention_mask=...)` -> logits, with per-row positions and a key
+  validity mask `[B, T]` (padding-aware; padded keys are never attended to).
+- `model(tokens, positions=..., cache=cache, cache_index=i, attention_mask=...)` -> (logits, cache):
+  writes keys/values into slots `i .. i+T-1` of a cache made by `init_cache` and attends over every
+  valid slot `<=` the query's own slot. `cache_index` is one scalar for the whole batch (batched
+  prompts are left-padded by the sampler, so all rows advance together).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def as_dtype(name: Any):
+    if isinstance(name, str):
+        try:
+            return _DTYPES[name]
+        except KeyError:
+            raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(_DTYPES)}") from None
+    return jnp.dtype(name)
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    vocab_size: int  # number of token ids (embedding rows)
+    hidden_size: int  # model width H
+    intermediate_size: int  # SwiGLU hidden width I
+    num_layers: int  # decoder blocks L
+    num_heads: int  # query heads
+    num_kv_heads: int  # key/value heads (grouped-query attention when < num_heads)
+    head_dim: int | None = None  # per-head width D; default hidden_size // num_heads
+    rope_theta: float = 10000.0  # RoPE base frequency
+    rope_scaling: tuple | None = None  # sorted (key, value) items of the HF rope_scaling dict, or None
+    rms_norm_eps: float = 1e-6  # epsilon inside every RMSNorm
+    tie_embeddings: bool = True  # lm_head shares the embedding matrix
+    attention_bias: bool = False  # bias on q/k/v projections (Qwen2 family)
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3 family)
+    max_position_embeddings: int = 2048  # longest position the RoPE tables are built for
+    param_dtype: str = "float32"  # storage dtype of parameters ("float32" | "bfloat16")
+    remat: bool = False  # rematerialise each block in the backward pass (saves activation memory)
+    family: str = "llama"  # informational: llama | qwen2 | qwen3 | tiny
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    def replace(self, **kw) -> "TransformerConfig":
+        return dataclasses.replace(self, **kw)
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"TransformerConfig.{name} must be > 0, got {getattr(self, name)}")
+        as_dtype(self.param_dtype)
+
+    @property
+    def rope_scaling_dict(self) -> dict | None:
+        return dict(self.rope_scaling) if self.rope_scaling else None
+
+
+def tiny_config(vocab_size: int, **overrides) -> TransformerConfig:
+    """The tiny model of the embedded default and of most tests (a few hundred K parameters)."""
+    base = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                num_kv_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6, tie_embeddings=True,
+                max_position_embeddings=1024, family="tiny")
+    base.update(overrides)
+    return TransformerConfig(**base)
+
+
+# ----------------------------------------------------------------------------------------------
+# RoPE
+
+
+def rope_inv_freq(cfg: TransformerConfig) -> tuple[np.ndarray, float]:
+    """Inverse frequencies [D/2] and the attention scaling factor, following HF's rope variants."""
+    d = cfg.dim_head
+    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    sc = cfg.rope_scaling_dict
+    attn_factor = 1.0
+    if not sc:
+        return inv.astype(np.float32), attn_factor
+    kind = sc.get("rope_type", sc.get("type", "default"))
+    if kind == "default":
+        pass
+    elif kind == "linear":
+        inv = inv / float(sc["factor"])
+    elif kind == "llama3":
+        factor = float(sc["factor"])
+        lo, hi = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+        old = float(sc["original_max_position_embeddings"])
+        low_wl, high_wl = old / lo, old / hi
+        wl = 2 * math.pi / inv
+        scaled = np.where(wl > low_wl, inv / factor, inv)
+        smooth = (old / wl - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wl >= high_wl) & (wl <= low_wl)
+        inv = np.where(is_medium, smoothed, scaled)
+    elif kind == "yarn":
+        factor = float(sc["factor"])
+        old = float(sc.get("original_max_position_embeddings", cfg.max_position_embeddings))
+        beta_fast, beta_slow = float(sc.get("beta_fast", 32)), float(sc.get("beta_slow", 1))
+
+        def corr_dim(rot):
+            return (d * math.log(old / (rot * 2 * math.pi))) / (2 * math.log(cfg.rope_theta))
+
+        low = max(math.floor(corr_dim(beta_fast)), 0)
+        high = min(math.ceil(corr_dim(beta_slow)), d - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        extrap = 1 - ramp
+        inv = (inv / factor) * (1 - extrap) + inv * extrap
+        mscale = sc.get("attention_factor")
+        attn_factor = float(mscale) if mscale is not None else (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    else:
+        raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, yarn)")
+    return inv.astype(np.float32), attn_factor
+
+
+def apply_rope(x, positions, inv_freq, attn_factor=1.0):
+    """x [B, T, N, D], positions [B, T] -> rotated x (HF "rotate_half" layout)."""
+    ang = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, D/2]
+    cos = jnp.cos(ang) * attn_factor
+    sin = jnp.sin(ang) * attn_factor
+    cos = jnp.concatenate([cos, cos], -1)[:, :, None, :]
+    sin = jnp.concatenate([sin, sin], -1)[:, :, None, :]
+    xf = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-xf[..., half:], xf[..., :half]], -1)
+    return (xf * cos + rot * sin).astype(x.dtype)
+
+
+def rms_norm(x, w, eps):
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Module
+
+
+class Transformer(nnx.Module):
+    """Stacked-layer decoder. See the module docstring for the call forms."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dt = as_dtype(cfg.param_dtype)
+        H, I, L, D = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.dim_head
+        Nq, Nkv, V = cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size
+        init = nnx.initializers.normal(0.02)
+
+        def p(shape, fn=init):
+            return nnx.Param(fn(rngs.params(), shape, jnp.float32).astype(dt))
+
+        ones = lambda k, s, d: jnp.ones(s, d)  # noqa: E731
+        zeros = lambda k, s, d: jnp.zeros(s, d)  # noqa: E731
+        self.embed = p((V, H))
+        self.attn_norm = p((L, H), ones)
+        self.wq = p((L, H, Nq * D))
+        self.wk = p((L, H, Nkv * D))
+        self.wv = p((L, H, Nkv * D))
+        self.wo = p((L, Nq * D, H))
+        if cfg.attention_bias:
+            self.bq = p((L, Nq * D), zeros)
+            self.bk = p((L, Nkv * D), zeros)
+            self.bv = p((L, Nkv * D), zeros)
+        if cfg.qk_norm:
+            self.q_norm = p((L, D), ones)
+            self.k_norm = p((L, D), ones)
+        self.mlp_norm = p((L, H), ones)
+        self.w_gate = p((L, H, I))
+        self.w_up = p((L, H, I))
+        self.w_down = p((L, I, H))
+        self.final_norm = p((H,), ones)
+        if not cfg.tie_embeddings:
+            self.lm_head = p((H, V))
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def layer_params(self) -> dict:
+        names = ["attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down"]
+        if self.cfg.attention_bias:
+            names += ["bq", "bk", "bv"]
+        if self.cfg.qk_norm:
+            names += ["q_norm", "k_norm"]
+        return {n: getattr(self, n)[...] for n in names}
+
+    def embed_tokens(self, tokens):
+        return jnp.take(self.embed[...], tokens, axis=0)
+
+    def unembed(self, h):
+        w = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+        return jnp.einsum("bth,hv->btv", h, w, preferred_element_type=jnp.float32)
+
+    # -- forward -------------------------------------------------------------------------------
+
+    def __call__(self, tokens, *, positions=None, attention_mask=None, cache=None, cache_index=None,
+                 return_hidden: bool = False):
+        cfg = self.cfg
+        B, T = tokens.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        if attention_mask is None:
+            attention_mask = jnp.ones((B, T), bool)
+        attention_mask = attention_mask.astype(bool)
+        inv_freq_np, attn_factor = rope_inv_freq(cfg)
+        inv_freq = jnp.asarray(inv_freq_np)
+        h = self.embed_tokens(tokens)
+
+        if cache is None:
+            q_slot = jnp.arange(T)
+            k_slot = jnp.arange(T)
+            key_valid = attention_mask  # [B, S=T]
+            mask = key_valid[:, None, :] & (k_slot[None, None, :] <= q_slot[None, :, None])
+        else:
+            if cache_index is None:
+                raise ValueError("cache_index is required when a cache is given")
+            S = cache["k"].shape[2]
+            valid = jax.lax.dynamic_update_slice(cache["valid"], attention_mask, (0, cache_index))
+            q_slot = cache_index + jnp.arange(T)
+            k_slot = jnp.arange(S)
+            mask = valid[:, None, :] & (k_slot[None, None, :] <= q_slot[None, :, None])
+
+        def block(h, xs):
+            lp, kc, vc = xs
+            x = rms_norm(h, lp["attn_norm"], cfg.rms_norm_eps)
+            q, k, v, new_kc, new_vc = self._qkv(x, lp, positions, inv_freq, attn_factor, kc, vc, cache_index)
+            if kc is not None:
+                k, v = new_kc, new_vc
+            a = self._attend(q, k, v, mask)
+            h = h + jnp.einsum("btf,fh->bth", a, lp["wo"]).astype(h.dtype)
+            x = rms_norm(h, lp["mlp_norm"], cfg.rms_norm_eps)
+            g = jnp.einsum("bth,hi->bti", x, lp["w_gate"])
+            u = jnp.einsum("bth,hi->bti", x, lp["w_up"])
+            h = h + jnp.einsum("bti,ih->bth", jax.nn.silu(g) * u, lp["w_down"]).astype(h.dtype)
+            return h, (new_kc, new_vc)
+
+        if cfg.remat:
+            block = jax.checkpoint(block)
+        lps = self.layer_params()
+        if cache is None:
+            h, _ = jax.lax.scan(lambda c, lp: (block(c, (lp, None, None))[0], None), h, lps)
+            new_cache = None
+        else:
+            h, (ks, vs) = jax.lax.scan(block, h, (lps, cache["k"], cache["v"]))
+            new_cache = {"k": ks, "v": vs, "valid": valid}
+        h = rms_norm(h, self.final_norm[...], cfg.rms_norm_eps)
+        out = h if return_hidden else self.unembed(h)
+        return out if cache is None else (out, new_cache)
+
+    def _qkv(self, x, lp, positions, inv_freq, attn_factor, kc, vc, cache_index):
+        cfg = self.cfg
+        B, T, _ = x.shape
+        D = cfg.dim_head
+        q = jnp.einsum("bth,hf->btf", x, lp["wq"])
+        k = jnp.einsum("bth,hf->btf", x, lp["wk"])
+        v = jnp.einsum("bth,hf->btf", x, lp["wv"])
+        if cfg.attention_bias:
+            q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+        q = q.reshape(B, T, cfg.num_heads, D)
+        k = k.reshape(B, T, cfg.num_kv_heads, D)
+        v = v.reshape(B, T, cfg.num_kv_heads, D)
+        if cfg.qk_norm:
+            q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
+            k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
+        q = apply_rope(q, positions, inv_freq, attn_factor)
+        k = apply_rope(k, positions, inv_freq, attn_factor)
+        new_kc = new_vc = None
+        if kc is not None:
+            new_kc = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), (0, cache_index, 0, 0))
+            new_vc = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), (0, cache_index, 0, 0))
+        return q, k, v, new_kc, new_vc
+
+    def _attend(self, q, k, v, mask):
+        """q [B,T,Nq,D], k/v [B,S,Nkv,D], mask [B,T,S] -> [B,T,Nq*D]; softmax in float32."""
+        cfg = self.cfg
+        B, T, Nq, D = q.shape
+        G = Nq // cfg.num_kv_heads
+        qg = q.reshape(B, T, cfg.num_kv_heads, G, D)
+        s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(D)
+        s = jnp.where(mask[:, None, None, :, :], s, jnp.finfo(jnp.float32).min)
+        p = jax.nn.softmax(s, axis=-1)
+        # A query row with no valid key (a padded query) gets uniform weights; zero it instead.
+        p = jnp.where(mask.any(-1)[:, None, None, :, None], p, 0.0)
+        o = jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v)
+        return o.reshape(B, T, Nq * D)
+
+
+def init_cache(cfg: TransformerConfig, batch: int, max_len: int, dtype=None) -> dict:
+    """Empty KV cache: k, v [L, B, S, Hkv, D] and the slot validity mask [B, S]."""
+    dt = as_dtype(dtype or cfg.param_dtype)
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.dim_head)
+    return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt), "valid": jnp.zeros((batch, max_len), bool)}
+
+
+def create(cfg: TransformerConfig, key) -> Transformer:
+    """Random-initialised model from a PRNG key."""
+    return Transformer(cfg, rngs=nnx.Rngs(params=key))
+
+
+def split(model: nnx.Module):
+    """(graphdef, params): the static graph and the parameter pytree the train state carries."""
+    return nnx.split(model, nnx.Param)
+
+
+def merge(graphdef, params) -> Transformer:
+    return nnx.merge(graphdef, params)
+
+
+def apply(graphdef, params, tokens, **kw):
+    """Pure forward from the split form (what compiled code calls)."""
+    return nnx.merge(graphdef, params)(tokens, **kw)
+
+
+def num_params(params) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
