@@ -1,0 +1,199 @@
+"""Structured-text extractor operations (the LLM format). Host-side; never raises.
+
+Expected output: somewhere in the text, an answer block holding a JSON list of at most 3 objects
+
+    <answer>[{"op": "add", "text": "<title>...</title><content>...</content>"},
+             {"op": "update", "text": "..."}, {"op": "return"}]</answer>
+
+`add` writes a new entry, `update` rewrites the entry that was retrieved for the episode, `return` means
+nothing to learn. `parse_operations(text) -> list[Operation]`; `parse_operations_with_stats(text) ->
+(ops, ParseStats)`. Any malformation (no answer block, bad JSON, a non-object item, a missing or
+unknown op name, a missing / empty / non-string text for add or update) makes the WHOLE output invalid:
+`[]`, which the loop treats as `return` and counts (`stats.valid == False`, `stats.error` says why).
+A valid empty list `[]` is also no operation, but counts as valid.
+
+Accepted leniencies (documented so prompts can stay strict while parsing stays liberal):
+- tags: case-insensitive, whitespace inside the brackets (`< Answer >`); the LAST answer block wins
+  (thinking models may quote the format earlier); a missing `</answer>` (truncated generation) reads to
+  the end of the text;
+- a Markdown code fence around the JSON; prose around the JSON inside the block (the first `[` or `{`
+  starts the JSON value, anything after the value is ignored);
+- trailing commas before `]` / `}` (outside strings); a single object instead of a list;
+- op names case-insensitive with surrounding whitespace; `"operation"` or `"type"` as aliases of `"op"`;
+- separate `"title"` and `"content"` string fields instead of `"text"` (combined into the tag form);
+- entry text without `<title>` / `<content>` tags (the whole text is the content);
+- more than 3 operations: the first 3 are kept, the rest dropped unvalidated and counted in `dropped`.
+Not accepted: single quotes, comments, unquoted keys (not JSON), bodies longer than `max_chars`.
+Extra fields (e.g. indices) are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+MAX_OPS = 3
+OPS = ("add", "update", "return")
+_OPEN = re.compile(r"<\s*answer\s*>", re.IGNORECASE)
+_CLOSE = re.compile(r"<\s*/\s*answer\s*>", re.IGNORECASE)
+_TITLE = re.compile(r"<title>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_CONTENT = re.compile(r"<content>(.*?)</content>", re.IGNORECASE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Operation:
+    op: str  # "add" | "update" | "return"
+    text: str = ""  # entry text, "<title>...</title><content>...</content>" ("" for return)
+
+    @property
+    def title(self) -> str:
+        m = _TITLE.search(self.text)
+        return m.group(1).strip() if m else ""
+
+    @property
+    def content(self) -> str:
+        m = _CONTENT.search(self.text)
+        return m.group(1).strip() if m else self.text.strip()
+
+
+@dataclass(frozen=True)
+class ParseStats:
+    valid: bool  # False: malformed output (ops == [])
+    error: str = ""  # why it is invalid ("" when valid)
+    num_ops: int = 0  # operations returned
+    dropped: int = 0  # operations beyond MAX_OPS that were dropped
+    n_add: int = 0
+    n_update: int = 0
+    n_return: int = 0
+    repaired: bool = False  # a leniency beyond plain JSON was needed
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _answer_body(text: str) -> str:
+    opens = list(_OPEN.finditer(text))
+    if not opens:
+        raise _Invalid("no <answer> block")
+    start = opens[-1].end()
+    close = _CLOSE.search(text, start)
+    return text[start: close.start() if close else len(text)]
+
+
+def _strip_trailing_commas(s: str) -> str:
+    """Drop commas that directly precede `]` or `}` (ignoring whitespace), outside JSON strings."""
+    out, i, n, in_str = [], 0, len(s), False
+    while i < n:
+        c = s[i]
+        if in_str:
+            out.append(c)
+            if c == "\\" and i + 1 < n:
+                out.append(s[i + 1])
+                i += 1
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+            out.append(c)
+        elif c == ",":
+            j = i + 1
+            while j < n and s[j] in " \t\r\n":
+                j += 1
+            if not (j < n and s[j] in "]}"):
+                out.append(c)
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _decode(body: str) -> tuple[object, bool]:
+    """JSON value of the answer body -> (value, repaired)."""
+    body = body.strip()
+    repaired = False
+    if body.startswith("```"):  # Markdown fence: drop the opening line (with any language tag) and the closer
+        nl = body.find("\n")
+        body = body[nl + 1:] if nl >= 0 else body[3:]
+        body = body.rstrip()
+        body = (body[:-3] if body.endswith("```") else body).strip()
+        repaired = True
+    try:
+        return json.loads(body), repaired
+    except ValueError:
+        pass
+    starts = [p for p in (body.find("["), body.find("{")) if p >= 0]
+    if not starts:
+        raise _Invalid("no JSON list or object in the answer")
+    fixed = _strip_trailing_commas(body[min(starts):])
+    try:
+        value, _ = json.JSONDecoder().raw_decode(fixed)
+    except ValueError as e:
+        raise _Invalid(f"bad JSON: {e.__class__.__name__}: {str(e)[:80]}") from None
+    return value, True
+
+
+def _operation(item) -> tuple[Operation, bool]:
+    if not isinstance(item, dict):
+        raise _Invalid(f"operation is a {type(item).__name__}, not an object")
+    repaired = False
+    name = item.get("op")
+    if name is None:
+        for alias in ("operation", "type"):
+            if alias in item:
+                name, repaired = item[alias], True
+                break
+    if not isinstance(name, str):
+        raise _Invalid("operation without a string 'op'")
+    name = name.strip().lower()
+    if name not in OPS:
+        raise _Invalid(f"unknown op {name[:20]!r}")
+    if name == "return":
+        return Operation("return"), repaired
+    text = item.get("text")
+    if text is None and isinstance(item.get("title"), str) and isinstance(item.get("content"), str):
+        text, repaired = f"<title>{item['title']}</title><content>{item['content']}</content>", True
+    if not isinstance(text, str) or not text.strip():
+        raise _Invalid(f"'{name}' without a non-empty string 'text'")
+    return Operation(name, text.strip()), repaired
+
+
+def _parse(text, max_chars: int) -> tuple[list[Operation], ParseStats]:
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", errors="replace")
+    if not isinstance(text, str):
+        raise _Invalid(f"output is a {type(text).__name__}, not text")
+    body = _answer_body(text)
+    if len(body) > max_chars:
+        raise _Invalid(f"answer longer than {max_chars} characters")
+    value, repaired = _decode(body)
+    if isinstance(value, dict):
+        value, repaired = [value], True
+    if not isinstance(value, list):
+        raise _Invalid(f"answer is a JSON {type(value).__name__}, not a list")
+    kept, dropped = value[:MAX_OPS], max(0, len(value) - MAX_OPS)
+    ops = []
+    for item in kept:
+        op, rep = _operation(item)
+        ops.append(op)
+        repaired = repaired or rep
+    count = {k: sum(o.op == k for o in ops) for k in OPS}
+    return ops, ParseStats(True, "", len(ops), dropped, count["add"], count["update"], count["return"], repaired)
+
+
+def parse_operations_with_stats(text, *, max_chars: int = 200_000) -> tuple[list[Operation], ParseStats]:
+    """-> (operations, stats). Never raises; malformed output gives ([], stats with valid=False)."""
+    try:
+        return _parse(text, max_chars)
+    except _Invalid as e:
+        return [], ParseStats(False, str(e))
+    except RecursionError:  # absurdly deep nesting inside the JSON decoder
+        return [], ParseStats(False, "JSON nested too deeply")
+    except Exception as e:  # noqa: BLE001 -- the contract is "never raises"; the reason is kept
+        return [], ParseStats(False, f"unexpected {e.__class__.__name__}")
+
+
+def parse_operations(text, *, max_chars: int = 200_000) -> list[Operation]:
+    """Operations in `text` (see the module docstring); `[]` for malformed output. Never raises."""
+    return parse_operations_with_stats(text, max_chars=max_chars)[0]
