@@ -1,0 +1,308 @@
+"""The experience bank: an immutable pytree of fixed-shape arrays with pure transitions.
+
+Shapes: N = capacity, L = entry length in tokens, D = key dimension, Q = queries, M = rows of a batch.
+
+Every function here is pure, jit-able and vmap-able (over a leading batch of banks); batch operations are
+applied in index order with `lax.scan`, so the result never depends on scheduling.
+
+Semantics (METHOD.md §2 steps 5-9, §3):
+
+- Slots. `add` writes the first free slot (lowest index) if any; otherwise it evicts one valid entry by the
+  eviction policy: "fifo" (oldest `insert_order`, the paper's default), "lru" (smallest last use, where
+  last use = max(last_retrieved_step, updated_step); ties to the oldest insert), or "random" (uniform over
+  all slots, needs `rng`). `insert_order` is set by `add` only: `update` rewrites an entry in place and
+  keeps its place in the FIFO queue, its usage counts and its credit accumulators.
+- Keys are stored unit-norm (normalised on write, a zero vector stays zero).
+- Retrieval: see `crl_jax.bank_retrieve.retrieve` (re-exported here).
+- Credit: `credit` accumulates per-entry sums and counts of +-1 outcomes for the current step;
+  `take_credit` reads and zeroes them (and folds them into lifetime totals used for inspection). Call
+  `take_credit` before the step's `add` / `update` / `apply_merge`, since those change the writer
+  (`source`) of an entry, and `add` clears the accumulators of the slot it overwrites.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from crl_jax.bank_retrieve import normalize, retrieve
+
+_EVICTIONS = ("fifo", "lru", "random")
+_INT_MAX = jnp.iinfo(jnp.int32).max
+
+
+@struct.dataclass
+class ExperienceBank:
+    """Fixed-capacity experience store. All per-entry arrays have leading dimension N (capacity)."""
+
+    tokens: jax.Array  # [N, L] int32 entry token ids (padding beyond `lengths` is unspecified, zeros)
+    lengths: jax.Array  # [N] int32
+    keys: jax.Array  # [N, D] float32, unit-norm retrieval keys
+    task: jax.Array  # [N] int32 task family id
+    valid: jax.Array  # [N] bool
+    created_step: jax.Array  # [N] int32 step of the `add` that created the entry
+    updated_step: jax.Array  # [N] int32 step of the last write (add or update)
+    times_retrieved: jax.Array  # [N] int32 number of queries that received the entry
+    last_retrieved_step: jax.Array  # [N] int32, -1 = never retrieved
+    source: jax.Array  # [N] int32 extractor sample id that last wrote the entry, -1 = none
+    insert_order: jax.Array  # [N] int32 value of `next_order` when added (FIFO order)
+    next_order: jax.Array  # [] int32 monotone insertion counter
+    credit_sum: jax.Array  # [N] float32 sum of outcomes credited this step
+    credit_count: jax.Array  # [N] int32 number of outcomes credited this step
+    total_credit_sum: jax.Array  # [N] float32 lifetime sum of outcomes (folded in by take_credit)
+    total_credit_count: jax.Array  # [N] int32 lifetime number of outcomes
+
+    @property
+    def capacity(self) -> int:
+        return self.valid.shape[-1]
+
+    @property
+    def entry_len(self) -> int:
+        return self.tokens.shape[-1]
+
+    @property
+    def key_dim(self) -> int:
+        return self.keys.shape[-1]
+
+
+def init(capacity: int, entry_len: int, key_dim: int) -> ExperienceBank:
+    """An empty bank with `capacity` slots of `entry_len` tokens and `key_dim`-dimensional keys."""
+    if capacity < 1 or entry_len < 1 or key_dim < 1:
+        raise ValueError(f"bank capacity, entry_len and key_dim must be >= 1, got {capacity}, {entry_len}, {key_dim}")
+    n = capacity
+    zi = jnp.zeros((n,), jnp.int32)
+    return ExperienceBank(
+        tokens=jnp.zeros((n, entry_len), jnp.int32),
+        lengths=zi,
+        keys=jnp.zeros((n, key_dim), jnp.float32),
+        task=zi,
+        valid=jnp.zeros((n,), bool),
+        created_step=zi,
+        updated_step=zi,
+        times_retrieved=zi,
+        last_retrieved_step=jnp.full((n,), -1, jnp.int32),
+        source=jnp.full((n,), -1, jnp.int32),
+        insert_order=zi,
+        next_order=jnp.zeros((), jnp.int32),
+        credit_sum=jnp.zeros((n,), jnp.float32),
+        credit_count=zi,
+        total_credit_sum=jnp.zeros((n,), jnp.float32),
+        total_credit_count=zi,
+    )
+
+
+def _select(pred: jax.Array, new, old):
+    """Tree-wise `where(pred, new, old)` for a scalar predicate."""
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
+
+
+def _eviction_slot(bank: ExperienceBank, eviction: str, rng) -> jax.Array:
+    """Slot to overwrite when the bank is full."""
+    if eviction == "fifo":
+        return jnp.argmin(jnp.where(bank.valid, bank.insert_order, _INT_MAX)).astype(jnp.int32)
+    if eviction == "lru":
+        last_use = jnp.maximum(bank.last_retrieved_step, bank.updated_step)
+        last_use = jnp.where(bank.valid, last_use, _INT_MAX)
+        oldest_use = last_use == jnp.min(last_use)
+        return jnp.argmin(jnp.where(oldest_use, bank.insert_order, _INT_MAX)).astype(jnp.int32)
+    if eviction == "random":
+        if rng is None:
+            raise ValueError("eviction='random' needs an explicit `rng` key")
+        return jax.random.randint(rng, (), 0, bank.capacity, dtype=jnp.int32)
+    raise ValueError(f"eviction must be one of {_EVICTIONS}, got {eviction!r}")
+
+
+def add(bank: ExperienceBank, tokens, length, key, task, step, source, *, eviction: str = "fifo",
+        rng: Optional[jax.Array] = None) -> tuple[ExperienceBank, jax.Array]:
+    """Insert one entry: tokens [L], length [], key [D], task [], step [], source [] -> (bank, slot []).
+
+    First free slot if any, else evict by `eviction` (see module doc). The new entry starts with zero usage,
+    no credit, `last_retrieved_step` = -1.
+    """
+    chex.assert_rank([tokens, key], 1)
+    chex.assert_shape(tokens, (bank.entry_len,))
+    chex.assert_shape(key, (bank.key_dim,))
+    has_free = ~jnp.all(bank.valid)
+    free = jnp.argmin(bank.valid).astype(jnp.int32)  # first False
+    slot = jnp.where(has_free, free, _eviction_slot(bank, eviction, rng))
+    i32 = lambda v: jnp.asarray(v, jnp.int32)  # noqa: E731
+    bank = bank.replace(
+        tokens=bank.tokens.at[slot].set(i32(tokens)),
+        lengths=bank.lengths.at[slot].set(i32(length)),
+        keys=bank.keys.at[slot].set(normalize(key)),
+        task=bank.task.at[slot].set(i32(task)),
+        valid=bank.valid.at[slot].set(True),
+        created_step=bank.created_step.at[slot].set(i32(step)),
+        updated_step=bank.updated_step.at[slot].set(i32(step)),
+        times_retrieved=bank.times_retrieved.at[slot].set(0),
+        last_retrieved_step=bank.last_retrieved_step.at[slot].set(-1),
+        source=bank.source.at[slot].set(i32(source)),
+        insert_order=bank.insert_order.at[slot].set(bank.next_order),
+        next_order=bank.next_order + 1,
+        credit_sum=bank.credit_sum.at[slot].set(0.0),
+        credit_count=bank.credit_count.at[slot].set(0),
+        total_credit_sum=bank.total_credit_sum.at[slot].set(0.0),
+        total_credit_count=bank.total_credit_count.at[slot].set(0),
+    )
+    return bank, slot
+
+
+def add_many(bank: ExperienceBank, tokens, lengths, keys, task, step, source, mask, *, eviction: str = "fifo",
+             rng: Optional[jax.Array] = None) -> tuple[ExperienceBank, jax.Array]:
+    """Insert rows in index order: tokens [M,L], lengths [M], keys [M,D], task [M], source [M], mask [M].
+
+    Row i behaves exactly like `add` after rows 0..i-1. Masked-out rows change nothing and get slot -1.
+    With eviction="random", row i uses `fold_in(rng, i)`.
+    """
+    chex.assert_rank([tokens, keys], 2)
+    chex.assert_rank([lengths, task, source, mask], 1)
+    m = tokens.shape[0]
+    if eviction == "random" and rng is None:
+        raise ValueError("eviction='random' needs an explicit `rng` key")
+    rngs = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(m)) if rng is not None else None
+
+    def body(b, row):
+        tok, ln, k, t, src, msk, r = row
+        nb, slot = add(b, tok, ln, k, t, step, src, eviction=eviction, rng=r)
+        return _select(msk, nb, b), jnp.where(msk, slot, -1)
+
+    xs = (tokens, lengths, keys, task, source, jnp.asarray(mask, bool), rngs)
+    return jax.lax.scan(body, bank, xs)
+
+
+def _can_write(bank: ExperienceBank, slot, expect_order) -> jax.Array:
+    in_range = (slot >= 0) & (slot < bank.capacity)
+    safe = jnp.clip(slot, 0, bank.capacity - 1)
+    ok = in_range & bank.valid[safe]
+    if expect_order is not None:
+        ok = ok & (bank.insert_order[safe] == expect_order)
+    return ok
+
+
+def update(bank: ExperienceBank, slot, tokens, length, step, source, *, key=None,
+           expect_order=None) -> ExperienceBank:
+    """Rewrite entry `slot` in place: tokens [L], length, updated_step = step, source; key [D] if given.
+
+    A no-op when `slot` is out of range or not valid, or (when `expect_order` is given) when the slot no
+    longer holds the entry with that `insert_order` (it was evicted and reused since it was retrieved).
+    Usage counts, FIFO position and credit accumulators are kept.
+    """
+    chex.assert_shape(tokens, (bank.entry_len,))
+    ok = _can_write(bank, slot, expect_order)
+    safe = jnp.clip(slot, 0, bank.capacity - 1)
+    new = bank.replace(
+        tokens=bank.tokens.at[safe].set(jnp.asarray(tokens, jnp.int32)),
+        lengths=bank.lengths.at[safe].set(jnp.asarray(length, jnp.int32)),
+        updated_step=bank.updated_step.at[safe].set(jnp.asarray(step, jnp.int32)),
+        source=bank.source.at[safe].set(jnp.asarray(source, jnp.int32)),
+    )
+    if key is not None:
+        chex.assert_shape(key, (bank.key_dim,))
+        new = new.replace(keys=new.keys.at[safe].set(normalize(key)))
+    return _select(ok, new, bank)
+
+
+def update_many(bank: ExperienceBank, slots, tokens, lengths, step, source, mask, *, keys=None,
+                expect_order=None) -> ExperienceBank:
+    """`update` for rows slots [M], tokens [M,L], lengths [M], source [M], mask [M] in index order.
+
+    Optional keys [M,D] and expect_order [M]. Masked-out rows do nothing.
+    """
+    chex.assert_rank([slots, lengths, source, mask], 1)
+    chex.assert_rank(tokens, 2)
+    m = slots.shape[0]
+    keys_x = keys if keys is not None else jnp.zeros((m, 0), jnp.float32)
+    order_x = expect_order if expect_order is not None else jnp.zeros((m,), jnp.int32)
+
+    def body(b, row):
+        s, tok, ln, src, msk, k, o = row
+        nb = update(b, s, tok, ln, step, src, key=k if keys is not None else None,
+                    expect_order=o if expect_order is not None else None)
+        return _select(msk, nb, b), None
+
+    xs = (slots, tokens, lengths, source, jnp.asarray(mask, bool), keys_x, order_x)
+    return jax.lax.scan(body, bank, xs)[0]
+
+
+def apply_merge(bank: ExperienceBank, source_slots, merged_tokens, merged_lengths, merged_mask, task, step,
+                source, *, eviction: str = "fifo", rng=None) -> tuple[ExperienceBank, jax.Array]:
+    """Replace entries by merged ones: source_slots [S] (-1 padded), merged_tokens [M,L], merged_lengths [M],
+    merged_mask [M], scalar task / step / source -> (bank, new_slots [M]).
+
+    The valid source slots are invalidated first (duplicates count once), then the masked-in merged rows are
+    added in index order (reusing the freed slots), each with key = normalised mean of the valid sources'
+    keys, task `task` and source `source` (the merge generation). With no valid source slot there is
+    nothing to merge: the bank is unchanged and new_slots are all -1.
+    """
+    chex.assert_rank(source_slots, 1)
+    chex.assert_rank(merged_tokens, 2)
+    n = bank.capacity
+    picked = jnp.zeros((n,), bool).at[jnp.where(source_slots >= 0, source_slots, n)].set(True, mode="drop")
+    picked = picked & bank.valid
+    any_src = jnp.any(picked)
+    mean_key = jnp.sum(jnp.where(picked[:, None], bank.keys, 0.0), axis=0) / jnp.maximum(jnp.sum(picked), 1)
+    merged_key = normalize(mean_key)
+    m = merged_tokens.shape[0]
+    invalidated = bank.replace(valid=bank.valid & ~picked)
+    mask = jnp.asarray(merged_mask, bool) & any_src
+    new_bank, slots = add_many(
+        invalidated, merged_tokens, merged_lengths, jnp.broadcast_to(merged_key, (m, bank.key_dim)),
+        jnp.full((m,), task, jnp.int32), step, jnp.full((m,), source, jnp.int32), mask, eviction=eviction, rng=rng)
+    return _select(any_src, new_bank, bank), slots
+
+
+def credit(bank: ExperienceBank, slots, found, outcomes, mask) -> ExperienceBank:
+    """Accumulate this step's outcomes: slots / found [Q] or [Q,K]; outcomes [Q] (+-1 float); mask [Q].
+
+    Each (query, received entry) pair adds the query's outcome to that entry's `credit_sum` and 1 to its
+    `credit_count`. Rows not found, masked out, or pointing at invalid slots add nothing.
+    """
+    slots = jnp.asarray(slots, jnp.int32)
+    outcomes = jnp.asarray(outcomes, jnp.float32)
+    mask = jnp.asarray(mask, bool)
+    if slots.ndim == 2:
+        outcomes = jnp.broadcast_to(outcomes[:, None], slots.shape)
+        mask = jnp.broadcast_to(mask[:, None], slots.shape)
+    chex.assert_equal_shape([slots, found, outcomes, mask])
+    n = bank.capacity
+    safe = jnp.clip(slots, 0, n - 1)
+    ok = jnp.asarray(found, bool) & mask & (slots >= 0) & (slots < n) & bank.valid[safe]
+    idx = jnp.where(ok, slots, n).reshape(-1)  # index n is dropped
+    return bank.replace(
+        credit_sum=bank.credit_sum.at[idx].add(jnp.where(ok, outcomes, 0.0).reshape(-1), mode="drop"),
+        credit_count=bank.credit_count.at[idx].add(ok.reshape(-1).astype(jnp.int32), mode="drop"),
+    )
+
+
+def take_credit(bank: ExperienceBank):
+    """-> (bank with zeroed step accumulators, rewards_mean [N], has_credit [N], source [N]).
+
+    rewards_mean = credit_sum / credit_count (0 where no credit); the accumulators are also added to the
+    lifetime totals. `source` says which extractor sample each reward belongs to.
+    """
+    has = bank.credit_count > 0
+    mean = bank.credit_sum / jnp.maximum(bank.credit_count, 1).astype(jnp.float32)
+    new = bank.replace(
+        credit_sum=jnp.zeros_like(bank.credit_sum),
+        credit_count=jnp.zeros_like(bank.credit_count),
+        total_credit_sum=bank.total_credit_sum + bank.credit_sum,
+        total_credit_count=bank.total_credit_count + bank.credit_count,
+    )
+    return new, jnp.where(has, mean, 0.0), has, bank.source
+
+
+def size(bank: ExperienceBank) -> jax.Array:
+    """Number of valid entries []."""
+    return jnp.sum(bank.valid.astype(jnp.int32), axis=-1)
+
+
+def family_counts(bank: ExperienceBank, num_tasks: int) -> jax.Array:
+    """Valid entries per task family [num_tasks] (families outside [0, num_tasks) are not counted)."""
+    return jnp.zeros((num_tasks,), jnp.int32).at[bank.task].add(bank.valid.astype(jnp.int32), mode="drop")
+
+__all__ = ["ExperienceBank", "init", "add", "add_many", "update", "update_many", "retrieve", "apply_merge",
+           "credit", "take_credit", "size", "family_counts", "normalize"]

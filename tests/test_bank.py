@@ -1,0 +1,266 @@
+"""Experience bank: literal-value unit tests, diversity re-ranking, jit / vmap / retrace guards."""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from crl_jax import bank as B
+
+L, D = 3, 2
+
+
+def _tok(v):
+    return jnp.full((L,), v, jnp.int32)
+
+
+_add = jax.jit(B.add, static_argnames=("eviction",))
+_add_many = jax.jit(B.add_many, static_argnames=("eviction",))
+_retrieve_jit = jax.jit(B.retrieve, static_argnames=("top_k", "candidates"))
+
+
+def _filled(keys, tasks=None, capacity=None, step=0):
+    """Bank with one entry per key (token value = index + 1, source = 100 + index), added in order."""
+    n = len(keys)
+    bank = B.init(capacity or n, L, len(keys[0]))
+    toks = jnp.repeat(jnp.arange(1, n + 1, dtype=jnp.int32)[:, None], L, axis=1)
+    tasks = jnp.zeros(n, jnp.int32) if tasks is None else jnp.asarray(tasks, jnp.int32)
+    return _add_many(bank, toks, jnp.full((n,), L), jnp.asarray(keys, jnp.float32), tasks, step,
+                     100 + jnp.arange(n), jnp.ones(n, bool))[0]
+
+
+def _retrieve(bank, q, task, **kw):
+    q = jnp.asarray(q, jnp.float32).reshape(-1, bank.key_dim)
+    task = jnp.broadcast_to(jnp.asarray(task, jnp.int32), (q.shape[0],))
+    return _retrieve_jit(bank, q, task, kw.pop("rng", jax.random.key(0)), kw.pop("step", 10), **kw)
+
+
+PLAIN = dict(diversity_lambda=0.0, recent_steps=0, demote_p=0.0)
+
+
+def test_init_shapes_and_empty():
+    b = B.init(5, 4, 3)
+    assert b.tokens.shape == (5, 4) and b.keys.shape == (5, 3) and b.tokens.dtype == jnp.int32
+    assert int(B.size(b)) == 0 and not bool(b.valid.any())
+    assert (np.asarray(b.last_retrieved_step) == -1).all() and (np.asarray(b.source) == -1).all()
+    with pytest.raises(ValueError):
+        B.init(0, 4, 3)
+
+
+def test_add_first_free_then_fifo_eviction():
+    b = _filled([[1, 0], [0, 2], [3, 4]])
+    np.testing.assert_allclose(b.keys, [[1, 0], [0, 1], [0.6, 0.8]], atol=1e-7)  # stored unit-norm
+    assert list(np.asarray(b.insert_order)) == [0, 1, 2] and int(b.next_order) == 3
+    b = b.replace(valid=b.valid.at[1].set(False))
+    b, slot = _add(b, _tok(9), 2, jnp.array([1.0, 0.0]), 1, 5, 7)
+    assert int(slot) == 1 and int(b.insert_order[1]) == 3 and int(b.lengths[1]) == 2
+    b, slot = _add(b, _tok(8), 2, jnp.array([1.0, 0.0]), 1, 6, 8)  # full: oldest insert is slot 0
+    assert int(slot) == 0 and int(b.source[0]) == 8 and int(b.created_step[0]) == 6
+    b, slot = _add(b, _tok(8), 2, jnp.array([1.0, 0.0]), 1, 6, 8)
+    assert int(slot) == 2  # next oldest (order 2); slot 1 has order 3
+
+
+def test_add_lru_and_random_eviction():
+    b = _filled([[1, 0], [0, 1], [1, 1]])
+    b = b.replace(last_retrieved_step=jnp.array([5, -1, 3]), updated_step=jnp.array([0, 4, 0]))
+    _, slot = _add(b, _tok(0), 1, jnp.array([1.0, 0.0]), 0, 9, 0, eviction="lru")
+    assert int(slot) == 2  # last use = max(retrieved, updated) = [5, 4, 3]
+    b2 = b.replace(last_retrieved_step=jnp.array([3, 3, 3]), updated_step=jnp.zeros(3, jnp.int32), insert_order=jnp.array([4, 2, 7]))
+    _, slot = _add(b2, _tok(0), 1, jnp.array([1.0, 0.0]), 0, 9, 0, eviction="lru")
+    assert int(slot) == 1  # tie on last use -> oldest insert
+    with pytest.raises(ValueError):
+        _add(b, _tok(0), 1, jnp.array([1.0, 0.0]), 0, 9, 0, eviction="random")
+    slots = {int(_add(b, _tok(0), 1, jnp.array([1.0, 0.0]), 0, 9, 0, eviction="random",
+                       rng=jax.random.key(s))[1]) for s in range(30)}
+    assert slots == {0, 1, 2}
+
+
+def test_add_many_matches_sequential_and_masks():
+    base = _filled([[1, 0]], capacity=3)
+    toks = jnp.arange(12, dtype=jnp.int32).reshape(4, L)
+    keys = jnp.array([[0, 1], [1, 1], [2, 1], [1, 3]], jnp.float32)
+    mask = jnp.array([True, False, True, True])
+    got, slots = B.add_many(base, toks, jnp.array([1, 2, 3, 1]), keys, jnp.array([0, 1, 2, 3]), 4,
+                            jnp.array([10, 11, 12, 13]), mask)
+    assert list(np.asarray(slots)) == [1, -1, 2, 0]
+    want = base
+    for i in (0, 2, 3):
+        want, _ = _add(want, toks[i], [1, 2, 3, 1][i], keys[i], i, 4, 10 + i)
+    chex.assert_trees_all_close(got, want)
+
+
+def test_update_semantics():
+    b = _filled([[1, 0], [0, 1]])
+    b = b.replace(times_retrieved=jnp.array([3, 0]))
+    u = B.update(b, 0, _tok(7), 1, 4, 55)
+    assert list(np.asarray(u.tokens[0])) == [7, 7, 7] and int(u.lengths[0]) == 1
+    assert int(u.updated_step[0]) == 4 and int(u.source[0]) == 55 and int(u.created_step[0]) == 0
+    assert int(u.times_retrieved[0]) == 3 and int(u.insert_order[0]) == 0
+    np.testing.assert_allclose(u.keys, b.keys)
+    u = B.update(b, 1, _tok(7), 1, 4, 55, key=jnp.array([3.0, 4.0]))
+    np.testing.assert_allclose(u.keys[1], [0.6, 0.8], atol=1e-7)
+    for bad in (-1, 2):
+        chex.assert_trees_all_close(B.update(b, bad, _tok(7), 1, 4, 55), b)
+    chex.assert_trees_all_close(B.update(b.replace(valid=b.valid.at[0].set(False)), 0, _tok(7), 1, 4, 55),
+                                b.replace(valid=b.valid.at[0].set(False)))
+    chex.assert_trees_all_close(B.update(b, 0, _tok(7), 1, 4, 55, expect_order=1), b)  # slot reused
+    many = B.update_many(b, jnp.array([1, 0, 1]), jnp.stack([_tok(5), _tok(6), _tok(7)]), jnp.array([1, 2, 3]),
+                         4, jnp.array([1, 2, 3]), jnp.array([True, True, False]))
+    assert list(np.asarray(many.tokens[:, 0])) == [6, 5] and list(np.asarray(many.source)) == [2, 1]
+
+
+def test_retrieve_plain_cosine_topk_literal():
+    b = _filled([[1, 0], [0, 1], [1, 1], [-1, 0], [1, 0.2]], tasks=[0, 0, 0, 0, 1])
+    nb, slots, found = _retrieve(b, [[2.0, 0.1], [-0.1, -1.0]], [0, 0], top_k=3, **PLAIN)
+    assert slots.tolist() == [[0, 2, 1], [3, 0, 2]]  # slot 4 is another family
+    assert found.all()
+    assert nb.times_retrieved.tolist() == [2, 1, 2, 1, 0]
+    assert nb.last_retrieved_step.tolist() == [10, 10, 10, 10, -1]
+    # Fewer eligible than top_k: found False, slot -1; a masked query gets nothing and counts nothing.
+    nb, slots, found = _retrieve(b, [[1, 0], [1, 0]], [1, 1], top_k=2, query_mask=jnp.array([True, False]),
+                                 **PLAIN)
+    assert slots.tolist() == [[4, -1], [-1, -1]] and found.tolist() == [[True, False], [False, False]]
+    assert nb.times_retrieved.tolist() == [0, 0, 0, 0, 1]
+    with pytest.raises(ValueError):
+        _retrieve(b, [[1, 0]], 0, top_k=6)
+
+
+def test_retrieve_candidates_limit():
+    # 0.4 log(201) = 2.12 > 2: with 3 candidates the fresh 3rd-ranked entry wins; with 2 it is not a candidate.
+    b = _filled([[1, 0], [1, 0.1], [1, 0.2]]).replace(times_retrieved=jnp.array([200, 200, 0]))
+    kw = dict(diversity_lambda=0.4, recent_steps=0, demote_p=0.0)
+    assert _retrieve(b, [[1, 0]], 0, candidates=3, **kw)[1].tolist() == [[2]]
+    assert _retrieve(b, [[1, 0]], 0, candidates=2, **kw)[1].tolist() == [[0]]  # equal usage: rank decides
+
+
+def test_heavily_retrieved_loses_to_fresh():
+    b = _filled([[1, 0.01], [1, 0.02]]).replace(times_retrieved=jnp.array([20, 0]),
+                                              last_retrieved_step=jnp.array([2, -1]))
+    _, slots, _ = _retrieve(b, [[1, 0]], 0, step=10)  # defaults: lambda 0.4, recent 1 step, demote 0.5
+    assert slots.tolist() == [[1]]  # s0 = -0.4 log 21 = -1.218 < s1 = -1
+    b11 = b.replace(times_retrieved=jnp.array([11, 0]))
+    _, slots, _ = _retrieve(b11, [[1, 0]], 0, step=10)
+    assert slots.tolist() == [[0]]  # s0 = -0.4 log 12 = -0.994 > s1 = -1: rank still wins
+
+
+def test_recent_penalty_and_never_is_not_recent():
+    b = _filled([[1, 0.0], [1, 0.05]]).replace(last_retrieved_step=jnp.array([9, -1]))
+    _, slots, _ = _retrieve(b, [[1, 0]], 0, step=10, diversity_lambda=0.0, recent_steps=2, demote_p=0.0)
+    assert slots.tolist() == [[0]]  # s0 = -1 (recent), s1 = -1 (rank): tie -> lower rank
+    _, slots, _ = _retrieve(b, [[1, 0]], 0, step=10, diversity_lambda=0.0, recent_steps=2, demote_p=1.0)
+    assert slots.tolist() == [[1]]  # recent top-1 demoted
+    _, slots, _ = _retrieve(b, [[1, 0]], 0, step=11, diversity_lambda=0.0, recent_steps=2, demote_p=1.0)
+    assert slots.tolist() == [[0]]  # retrieved 2 steps ago: 11 - 9 < 2 is false, not recent
+    # recent_steps=1 (the default): recent means retrieved at this same step (step - last < 1).
+    _, slots, _ = _retrieve(b, [[1, 0]], 0, step=10, diversity_lambda=0.0, recent_steps=1, demote_p=1.0)
+    assert slots.tolist() == [[0]]
+    _, slots, _ = _retrieve(b, [[1, 0]], 0, step=9, diversity_lambda=0.0, recent_steps=1, demote_p=1.0)
+    assert slots.tolist() == [[1]]
+    b2 = b.replace(last_retrieved_step=jnp.array([-1, -1]))
+    _, slots, _ = _retrieve(b2, [[1, 0]], 0, step=0, diversity_lambda=0.0, recent_steps=5, demote_p=1.0)
+    assert slots.tolist() == [[0]]  # -1 never counts as recent, even when step - (-1) < recent_steps
+
+
+@pytest.mark.parametrize("p", [0.5, 0.2])
+def test_demotion_frequency_binomial(p):
+    b = _filled([[1, 0.0], [1, 0.3], [0, 1]]).replace(last_retrieved_step=jnp.array([9, 9, -1]))
+    q = 4000
+    rate = []
+    for seed in range(2):
+        _, slots, _ = _retrieve(b, jnp.tile(jnp.array([[1.0, 0.0]]), (q, 1)), 0, step=10, rng=jax.random.key(seed),
+                                diversity_lambda=0.0, recent_steps=2, demote_p=p)
+        s = np.asarray(slots[:, 0])
+        assert set(s.tolist()) <= {0, 1}
+        rate.append((s == 1).mean())
+    sigma = math.sqrt(p * (1 - p) / q)
+    for r in rate:
+        assert abs(r - p) < 5 * sigma
+    assert rate[0] != rate[1]  # different keys, different draws
+
+
+def test_identical_queries_share_one_snapshot():
+    b = _filled([[1, 0.0], [1, 0.1]])
+    nb, slots, _ = _retrieve(b, jnp.tile(jnp.array([[1.0, 0.0]]), (6, 1)), 0, step=3)
+    assert slots[:, 0].tolist() == [0] * 6  # no query saw another's count increment or recency
+    assert nb.times_retrieved.tolist() == [6, 0] and nb.last_retrieved_step.tolist() == [3, -1]
+    b = b.replace(last_retrieved_step=jnp.array([2, -1]))
+    _, slots, _ = _retrieve(b, jnp.tile(jnp.array([[1.0, 0.0]]), (6, 1)), 0, step=3, diversity_lambda=0.0,
+                            recent_steps=2, demote_p=1.0)
+    assert slots[:, 0].tolist() == [1] * 6
+
+
+def test_apply_merge():
+    b = _filled([[1, 0], [0, 1], [1, 1], [0, -1]], tasks=[0, 0, 0, 1])
+    b = b.replace(valid=b.valid.at[2].set(False))
+    toks = jnp.stack([_tok(40), _tok(41), _tok(42)])
+    nb, slots = B.apply_merge(b, jnp.array([1, 0, 2, 1, -1]), toks, jnp.array([2, 3, 1]),
+                              jnp.array([True, False, True]), 0, 7, 77)
+    # sources 0 and 1 invalidated (2 was already invalid and does not contribute to the key)
+    assert slots.tolist() == [0, -1, 1]
+    assert nb.valid.tolist() == [True, True, False, True]
+    np.testing.assert_allclose(nb.keys[0], [math.sqrt(0.5)] * 2, atol=1e-6)
+    np.testing.assert_allclose(nb.keys[1], [math.sqrt(0.5)] * 2, atol=1e-6)
+    assert nb.source.tolist()[:2] == [77, 77] and nb.created_step.tolist()[:2] == [7, 7]
+    assert nb.tokens[:2, 0].tolist() == [40, 42] and nb.insert_order.tolist()[:2] == [4, 5]
+    # no valid source: nothing happens
+    nb, slots = B.apply_merge(b, jnp.array([2, -1]), toks, jnp.array([2, 3, 1]), jnp.ones(3, bool), 0, 7, 77)
+    assert slots.tolist() == [-1, -1, -1]
+    chex.assert_trees_all_close(nb, b)
+
+
+def test_credit_and_take_credit():
+    b = _filled([[1, 0], [0, 1], [1, 1]]).replace(valid=jnp.array([True, True, False]))
+    b = B.credit(b, jnp.array([0, 0, 1, 2, 1]), jnp.array([True, True, True, True, False]),
+                 jnp.array([1.0, -1.0, 1.0, 1.0, 1.0]), jnp.array([True, True, True, True, True]))
+    b = B.credit(b, jnp.array([[0, 1]]), jnp.array([[True, True]]), jnp.array([1.0]), jnp.array([True]))
+    assert b.credit_sum.tolist() == [1.0, 2.0, 0.0] and b.credit_count.tolist() == [3, 2, 0]
+    nb, mean, has, src = B.take_credit(b)
+    np.testing.assert_allclose(mean, [1 / 3, 1.0, 0.0], rtol=1e-6)
+    assert has.tolist() == [True, True, False] and src.tolist() == [100, 101, 102]
+    assert nb.credit_count.tolist() == [0, 0, 0] and nb.total_credit_count.tolist() == [3, 2, 0]
+    assert nb.total_credit_sum.tolist() == [1.0, 2.0, 0.0]
+
+
+def test_size_and_family_counts():
+    b = _filled([[1, 0]] * 4, tasks=[0, 2, 2, 5]).replace(valid=jnp.array([True, True, True, False]))
+    assert int(B.size(b)) == 3
+    assert B.family_counts(b, 4).tolist() == [1, 0, 2, 0]
+
+
+def _script(bank, rng):
+    """add_many -> retrieve -> credit -> take_credit -> merge: the loop's order of operations."""
+    r1, r2 = jax.random.split(rng)
+    keys = jax.random.normal(r1, (3, D))
+    bank, _ = B.add_many(bank, jnp.ones((3, L), jnp.int32), jnp.array([1, 2, 3]), keys, jnp.array([0, 0, 1]),
+                         4, jnp.array([1, 2, 3]), jnp.array([True, True, True]))
+    bank, slots, found = B.retrieve(bank, keys, jnp.array([0, 0, 1]), r2, 4, top_k=1)
+    bank = B.credit(bank, slots, found, jnp.array([1.0, -1.0, 1.0]), jnp.ones(3, bool))
+    bank, mean, has, _ = B.take_credit(bank)
+    bank, _ = B.apply_merge(bank, slots[:, 0], jnp.ones((1, L), jnp.int32), jnp.array([2]), jnp.array([True]), 0,
+                            4, 9)
+    return bank, mean
+
+
+def test_jit_equals_eager_vmap_and_retrace_guard():
+    bank = _filled([[1, 0], [0, 1]], capacity=4)
+    eager = _script(bank, jax.random.key(3))
+    script = jax.jit(_script)
+    chex.assert_trees_all_close(eager, script(bank, jax.random.key(3)))
+    banks = jax.tree.map(lambda x: jnp.stack([x, x, x]), bank)
+    rngs = jax.random.split(jax.random.key(5), 3)
+    vb, vmean = jax.jit(jax.vmap(_script))(banks, rngs)
+    for i in range(3):
+        chex.assert_trees_all_close(jax.tree.map(lambda x: x[i], (vb, vmean)), script(bank, rngs[i]))
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def retrieve_jit(b, q, t, rng, step):
+        return B.retrieve(b, q, t, rng, step, top_k=2, candidates=3)
+
+    chex.clear_trace_counter()
+    for step in range(3):  # new values, same shapes: no retrace
+        bank, _, _ = retrieve_jit(bank, jnp.ones((2, D)) * (step + 1), jnp.zeros(2, jnp.int32),
+                                  jax.random.key(step), step)
