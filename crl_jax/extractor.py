@@ -30,6 +30,7 @@ from typing import NamedTuple
 import chex
 import jax.numpy as jnp
 
+from crl_jax.extractor_json import MAX_OPS as MAX_OPS_JSON  # noqa: F401
 from crl_jax.extractor_json import Operation, ParseStats, parse_operations, parse_operations_with_stats  # noqa: F401
 from crl_jax.packing import as_segment, capacity, pack_segments, truncate_left
 

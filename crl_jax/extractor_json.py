@@ -13,9 +13,10 @@ unknown op name, a missing / empty / non-string text for add or update) makes th
 A valid empty list `[]` is also no operation, but counts as valid.
 
 Accepted leniencies (documented so prompts can stay strict while parsing stays liberal):
-- tags: case-insensitive, whitespace inside the brackets (`< Answer >`); the LAST answer block wins
-  (thinking models may quote the format earlier); a missing `</answer>` (truncated generation) reads to
-  the end of the text;
+- tags: case-insensitive, whitespace inside the brackets (`< Answer >`); the LAST answer block that
+  parses wins (thinking models may quote the format earlier; an entry text may quote a tag, in which
+  case up to 16 blocks are tried from the last); a missing `</answer>` (truncated generation) reads to
+  the end of the text, and a JSON string may contain `</answer>`;
 - a Markdown code fence around the JSON; prose around the JSON inside the block (the first `[` or `{`
   starts the JSON value, anything after the value is ignored);
 - trailing commas before `]` / `}` (outside strings); a single object instead of a list;
@@ -29,6 +30,7 @@ Extra fields (e.g. indices) are ignored.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -73,13 +75,16 @@ class _Invalid(Exception):
     pass
 
 
-def _answer_body(text: str) -> str:
+def _answer_blocks(text: str, max_blocks: int = 16) -> list[tuple[str, str]]:
+    """(body up to the first closing tag, rest of the text) for the last `max_blocks` opening tags, last first."""
     opens = list(_OPEN.finditer(text))
     if not opens:
         raise _Invalid("no <answer> block")
-    start = opens[-1].end()
-    close = _CLOSE.search(text, start)
-    return text[start: close.start() if close else len(text)]
+    blocks = []
+    for m in reversed(opens[-max_blocks:]):
+        close = _CLOSE.search(text, m.end())
+        blocks.append((text[m.end(): close.start() if close else len(text)], text[m.end():]))
+    return blocks
 
 
 def _strip_trailing_commas(s: str) -> str:
@@ -109,8 +114,8 @@ def _strip_trailing_commas(s: str) -> str:
     return "".join(out)
 
 
-def _decode(body: str) -> tuple[object, bool]:
-    """JSON value of the answer body -> (value, repaired)."""
+def _strict(body: str) -> tuple[object, bool]:
+    """Plain JSON of the block (a Markdown fence allowed) -> (value, repaired)."""
     body = body.strip()
     repaired = False
     if body.startswith("```"):  # Markdown fence: drop the opening line (with any language tag) and the closer
@@ -122,13 +127,23 @@ def _decode(body: str) -> tuple[object, bool]:
     try:
         return json.loads(body), repaired
     except ValueError:
-        pass
-    starts = [p for p in (body.find("["), body.find("{")) if p >= 0]
+        raise _Invalid("bad JSON") from None
+
+
+def _lenient(rest: str) -> tuple[object, bool]:
+    """JSON value starting at the first `[` / `{` of the block, trailing commas dropped, tail ignored.
+
+    The prose before it may not contain a double quote: that is what keeps a bogus block
+    (an `<answer>` quoted inside an entry's JSON string) from parsing a fragment of the real one.
+    """
+    starts = [p for p in (rest.find("["), rest.find("{")) if p >= 0]
     if not starts:
         raise _Invalid("no JSON list or object in the answer")
-    fixed = _strip_trailing_commas(body[min(starts):])
+    start = min(starts)
+    if '"' in rest[:start]:
+        raise _Invalid("bad JSON: a quote in the prose before the value")
     try:
-        value, _ = json.JSONDecoder().raw_decode(fixed)
+        value, _ = json.JSONDecoder().raw_decode(_strip_trailing_commas(rest[start:]))
     except ValueError as e:
         raise _Invalid(f"bad JSON: {e.__class__.__name__}: {str(e)[:80]}") from None
     return value, True
@@ -159,15 +174,7 @@ def _operation(item) -> tuple[Operation, bool]:
     return Operation(name, text.strip()), repaired
 
 
-def _parse(text, max_chars: int) -> tuple[list[Operation], ParseStats]:
-    if isinstance(text, (bytes, bytearray)):
-        text = bytes(text).decode("utf-8", errors="replace")
-    if not isinstance(text, str):
-        raise _Invalid(f"output is a {type(text).__name__}, not text")
-    body = _answer_body(text)
-    if len(body) > max_chars:
-        raise _Invalid(f"answer longer than {max_chars} characters")
-    value, repaired = _decode(body)
+def _operations(value, repaired: bool) -> tuple[list[Operation], ParseStats]:
     if isinstance(value, dict):
         value, repaired = [value], True
     if not isinstance(value, list):
@@ -180,6 +187,32 @@ def _parse(text, max_chars: int) -> tuple[list[Operation], ParseStats]:
         repaired = repaired or rep
     count = {k: sum(o.op == k for o in ops) for k in OPS}
     return ops, ParseStats(True, "", len(ops), dropped, count["add"], count["update"], count["return"], repaired)
+
+
+def _parse(text, max_chars: int) -> tuple[list[Operation], ParseStats]:
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", errors="replace")
+    if not isinstance(text, str):
+        raise _Invalid(f"output is a {type(text).__name__}, not text")
+    blocks = _answer_blocks(text)
+    if len(blocks[0][0].strip()) > max_chars:
+        raise _Invalid(f"answer longer than {max_chars} characters")
+    # Pass 1: blocks that are plain JSON, last first. Pass 2: the lenient reading, last first. An earlier
+    # block only matters when a later one is malformed (e.g. an entry text that quotes "<answer>").
+    error = None
+    for lenient in (False, True):
+        for k, (body, rest) in enumerate(blocks):
+            try:
+                value, repaired = _lenient(rest[:max_chars]) if lenient else _strict(body)
+                ops, stats = _operations(value, repaired)
+            except _Invalid as e:
+                if k == 0 and (error is None or str(error) == "bad JSON"):
+                    error = e  # the last block's most specific reason
+                continue
+            if k > 0:
+                stats = dataclasses.replace(stats, repaired=True)
+            return ops, stats
+    raise error
 
 
 def parse_operations_with_stats(text, *, max_chars: int = 200_000) -> tuple[list[Operation], ParseStats]:

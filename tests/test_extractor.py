@@ -165,7 +165,7 @@ def test_parse_operations_lenient(text, expect):
     ('<answer>[{"op": "add", "text": "x"}</answer>', "bad JSON"),
     ("<answer>" + "[" * 100000 + "</answer>", "JSON"),
     (None, "not text"),
-])
+], ids=lambda x: str(x)[:30])
 def test_parse_operations_invalid(text, reason):
     ops, st = parse_operations_with_stats(text)
     assert ops == [] and not st.valid and reason in st.error
