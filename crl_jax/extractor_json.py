@@ -24,6 +24,10 @@ Accepted leniencies (documented so prompts can stay strict while parsing stays l
 - separate `"title"` and `"content"` string fields instead of `"text"` (combined into the tag form);
 - entry text without `<title>` / `<content>` tags (the whole text is the content);
 - more than 3 operations: the first 3 are kept, the rest dropped unvalidated and counted in `dropped`.
+For compiled code: `operations_to_arrays(texts, encode, entry_len)` (numpy, host) and
+`parse_operations_callback(tokens, lengths, decode, encode, entry_len)` (one `jax.pure_callback` per batch)
+give fixed-shape op / entry / mask arrays with the constrained format's op ids (0 add, 1 update, 2 return).
+
 Not accepted: single quotes, comments, unquoted keys (not JSON), bodies longer than `max_chars`.
 Extra fields (e.g. indices) are ignored.
 """
@@ -230,3 +234,61 @@ def parse_operations_with_stats(text, *, max_chars: int = 200_000) -> tuple[list
 def parse_operations(text, *, max_chars: int = 200_000) -> list[Operation]:
     """Operations in `text` (see the module docstring); `[]` for malformed output. Never raises."""
     return parse_operations_with_stats(text, max_chars=max_chars)[0]
+
+
+# --- arrays for compiled code (one batched host callback per step) -----------------------------------------
+
+_OP_INDEX = {"add": 0, "update": 1, "return": 2}  # same ids as the constrained format (crl_jax.extractor)
+
+
+def operations_to_arrays(texts, encode, entry_len: int, max_ops: int = MAX_OPS, max_chars: int = 200_000):
+    """Parse a batch of B outputs and tokenise their entries (host side, numpy).
+
+    encode: text -> list of token ids (entries are clipped to `entry_len`).
+    -> dict of op [B, M] int32 (0 add, 1 update, 2 return; 2 in unused rows), entry [B, M, entry_len] int32,
+    entry_len [B, M] int32, mask [B, M] bool (an add / update row), valid [B] bool, dropped [B] int32.
+    """
+    import numpy as np
+
+    B, M = len(texts), max_ops
+    out = {"op": np.full((B, M), 2, np.int32), "entry": np.zeros((B, M, entry_len), np.int32),
+           "entry_len": np.zeros((B, M), np.int32), "mask": np.zeros((B, M), bool),
+           "valid": np.zeros((B,), bool), "dropped": np.zeros((B,), np.int32)}
+    for b, text in enumerate(texts):
+        ops, stats = parse_operations_with_stats(text, max_chars=max_chars)
+        out["valid"][b] = stats.valid
+        out["dropped"][b] = stats.dropped + max(0, len(ops) - M)
+        for m, op in enumerate(ops[:M]):
+            out["op"][b, m] = _OP_INDEX[op.op]
+            if op.op == "return":
+                continue
+            ids = list(encode(op.text))[:entry_len]
+            out["entry"][b, m, : len(ids)] = ids
+            out["entry_len"][b, m] = len(ids)
+            out["mask"][b, m] = len(ids) > 0
+    return out
+
+
+def parse_operations_callback(tokens, lengths, decode, encode, entry_len: int, max_ops: int = MAX_OPS):
+    """Inside jit: response tokens [B, R] + lengths [B] -> the arrays of `operations_to_arrays`.
+
+    One `jax.pure_callback` for the whole batch (decode -> parse -> encode on the host); the rest of the
+    step stays compiled. decode: list of ids -> text; encode: text -> list of ids.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    B = tokens.shape[0]
+    M = max_ops
+    shapes = {"op": jax.ShapeDtypeStruct((B, M), jnp.int32),
+              "entry": jax.ShapeDtypeStruct((B, M, entry_len), jnp.int32),
+              "entry_len": jax.ShapeDtypeStruct((B, M), jnp.int32), "mask": jax.ShapeDtypeStruct((B, M), jnp.bool_),
+              "valid": jax.ShapeDtypeStruct((B,), jnp.bool_), "dropped": jax.ShapeDtypeStruct((B,), jnp.int32)}
+
+    def host(tok, ln):
+        tok, ln = np.asarray(tok), np.asarray(ln)
+        texts = [decode(tok[b, : int(ln[b])].tolist()) for b in range(tok.shape[0])]
+        return operations_to_arrays(texts, encode, entry_len, M)
+
+    return jax.pure_callback(host, shapes, tokens, lengths)

@@ -175,3 +175,21 @@ def test_parse_operations_caps_three():
     items = ",".join(f'{{"op":"add","text":"e{i}"}}' for i in range(5))
     ops, st = parse_operations_with_stats(f"<answer>[{items}, 7]</answer>")  # the junk is beyond the cap
     assert [o.text for o in ops] == ["e0", "e1", "e2"] and st.dropped == 3 and st.valid and st.num_ops == 3
+
+
+def test_operations_callback_in_jit():
+    from crl_jax.extractor_json import parse_operations_callback
+
+    tok = ByteTokenizer()
+    texts = ['<answer>[{"op":"add","text":"abcdef"},{"op":"return"}]</answer>', "garbage",
+             '<answer>[{"op":"update","text":"xy"}]</answer>']
+    rows = [tok.encode(t) for t in texts]
+    T = max(map(len, rows))
+    toks = np.array([r + [0] * (T - len(r)) for r in rows], np.int32)
+    lens = np.array([len(r) for r in rows], np.int32)
+    f = jax.jit(lambda t, n: parse_operations_callback(t, n, tok.decode, tok.encode, entry_len=4))
+    out = f(toks, lens)
+    assert L(out["valid"]) == [True, False, True]
+    assert L(out["op"]) == [[ADD, RETURN, RETURN], [RETURN] * 3, [UPDATE, RETURN, RETURN]]
+    assert L(out["mask"]) == [[True, False, False], [False] * 3, [True, False, False]]
+    assert L(out["entry"][0, 0]) == tok.encode("abcd") and L(out["entry_len"][:, 0]) == [4, 0, 2]
