@@ -1,0 +1,70 @@
+"""Literal per-entry extractor rewards for every variant (jitted and not)."""
+
+import functools
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from crl_jax import rewards as R
+
+
+def _check(er, total, count, mean):
+    np.testing.assert_allclose(er.sum, total, atol=1e-6)
+    np.testing.assert_array_equal(er.count, count)
+    np.testing.assert_allclose(er.mean, mean, atol=1e-6)
+    assert er.mean.shape == (len(total),) and np.isfinite(er.mean).all()
+
+
+class RewardsTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_outcome_literal(self):
+        # scores +-1: [1, -1, 1, 1, -1, -1]; trajectory 3 retrieved nothing (-1); entry 3 never used.
+        outcomes = jnp.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+        ids = jnp.array([0, 0, 2, -1, 0, 1])
+        er = self.variant(functools.partial(R.outcome_rewards, num_entries=4))(outcomes, ids)
+        _check(er, [-1.0, -1.0, 1.0, 0.0], [3, 1, 1, 0], [-1 / 3, -1.0, 1.0, 0.0])
+        # -1/+1 outcomes (ALFWorld style) score the same as 0/1.
+        er = self.variant(functools.partial(R.outcome_rewards, num_entries=4))(2 * outcomes - 1, ids)
+        _check(er, [-1.0, -1.0, 1.0, 0.0], [3, 1, 1, 0], [-1 / 3, -1.0, 1.0, 0.0])
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_relative_to_free_literal(self):
+        # group 0: free mean (1 + 0)/2 = .5 -> guided scores 1-.5 (entry 0), 0-.5 (entry 1); the free
+        #          member carrying id 3 is never credited.
+        # group 1: free mean 1/3 -> guided score 2/3 (entry 0).
+        # group 2: all guided, no control -> not counted.
+        outcomes = jnp.array([[1, 0, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], jnp.float32)
+        guided = jnp.array([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]], bool)
+        ids = jnp.array([[0, 1, 3, -1], [0, -1, -1, -1], [1, 1, 2, 2]])
+        er = self.variant(functools.partial(R.relative_to_free_rewards, num_entries=4))(outcomes, guided, ids)
+        _check(er, [0.5 + 2 / 3, -0.5, 0.0, 0.0], [2, 1, 0, 0], [(0.5 + 2 / 3) / 2, -0.5, 0.0, 0.0])
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_critic_literal(self):
+        outcomes = jnp.array([1.0, 0.0, 1.0, 0.0])
+        verdicts = jnp.array([0, 1, -1, 0])
+        ids = jnp.array([0, 0, 1, 1])
+        # override: scores [1, 1, -1, -1]
+        er = self.variant(functools.partial(R.critic_rewards, num_entries=2))(outcomes, verdicts, ids)
+        _check(er, [2.0, -2.0], [2, 2], [1.0, -1.0])
+        # mean: scores [(1+0)/2, (-1+1)/2, (1-1)/2, (-1+0)/2]
+        er = self.variant(functools.partial(R.critic_rewards, num_entries=2, mode="mean"))(outcomes, verdicts, ids)
+        _check(er, [0.5, -0.5], [2, 2], [0.25, -0.25])
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_no_entries_used(self):
+        er = self.variant(functools.partial(R.outcome_rewards, num_entries=3))(jnp.ones(4), -jnp.ones(4, jnp.int32))
+        _check(er, [0.0] * 3, [0] * 3, [0.0] * 3)
+
+    def test_dispatch_and_errors(self):
+        outcomes, ids = jnp.array([1.0, 0.0]), jnp.array([0, 0])
+        _check(R.entry_rewards("outcome", outcomes, ids, 1), [0.0], [2], [0.0])
+        _check(R.entry_rewards("critic", outcomes, ids, 1, verdicts=jnp.array([0, 1])), [2.0], [2], [1.0])
+        with pytest.raises(ValueError, match="guided"):
+            R.entry_rewards("relative_to_free", outcomes, ids, 1)
+        with pytest.raises(ValueError, match="verdicts"):
+            R.entry_rewards("critic", outcomes, ids, 1)
+        with pytest.raises(ValueError, match="unknown extractor reward"):
+            R.entry_rewards("bogus", outcomes, ids, 1)
