@@ -1,0 +1,245 @@
+"""Batched autoregressive sampling with a KV cache, constrained decoding and per-token log-probs.
+
+Three entry points:
+- `sample_tokens(graphdef, params, prompt[B,P], prompt_len[B], key, cfg, allowed_tokens=None)`: pure and
+  traceable (no Python side effects, no nested jit), so the training loop can call it inside its own
+  compiled iteration. `cfg` is a hashable `SamplerConfig` and must be static under an outer jit.
+- `generate(model_or_(graphdef, params), prompt[B,P], prompt_len[B], key, *, max_new_tokens, ...)`: the
+  jit-compiled convenience wrapper; one compiled program per (shapes, static options).
+- `sequence_logprobs(graphdef, params, tokens[B,T], prompt_len[B], total_len[B])`: per-token log-probs of
+  a given response under the model (what the policy loss recomputes); equals `generate`'s log-probs at
+  temperature 1 with no filtering.
+
+Layout. Prompts are RIGHT-padded in the API (row b holds its tokens at 0..len_b-1). Internally each row is
+rolled right by pad_b = P - len_b, so every prompt ends at slot P-1 and all rows decode in lock-step with
+one scalar cache index (the transformer's cache contract). Row b's token in slot s has position s - pad_b;
+the padded slots are masked out as keys. The cache holds P + N slots.
+
+Sampling order (per step, per row): allowed-token mask -> temperature -> top-k -> top-p (nucleus) ->
+categorical. The returned log-prob is that of the sampled token under exactly this filtered, renormalised
+distribution. Temperature 0 is greedy: argmax of the masked logits, log-prob = log-softmax of the masked
+logits (temperature 1, no top-k / top-p) at the argmax.
+
+Stopping: a row is done after it emits a stop token (the stop token is kept and counted in `lengths`);
+later slots hold `pad_id` with log-prob 0. The decode loop (`lax.while_loop`) exits early once every row
+is done; the result is identical to running all N steps.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from crl_jax.models import transformer as tr
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Static sampling options (hashable: a jit static argument)."""
+
+    max_new_tokens: int  # N: generated slots per row
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass kept; 1 = off
+    top_k: int = 0  # keep the k most likely tokens; 0 = off
+    stop_tokens: tuple = ()  # token ids that end a row (kept in the output)
+    pad_id: int = 0  # written after a row stops
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
+
+
+# ----------------------------------------------------------------------------------------------
+# One sampling step on logits
+
+
+def filter_logits(logits, *, temperature=1.0, top_k=0, top_p=1.0, allowed=None):
+    """logits [B, V] -> the logits actually sampled from (disallowed / filtered entries are -inf).
+
+    `allowed` is a bool mask [B, V] or [V] (None = all allowed); every row must allow at least one
+    token. top-k keeps every token tied with the k-th largest logit.
+    """
+    x = logits.astype(jnp.float32)
+    if allowed is not None:
+        x = jnp.where(jnp.broadcast_to(allowed, x.shape), x, -jnp.inf)
+    if temperature != 1.0:
+        x = x / temperature
+    V = x.shape[-1]
+    if 0 < top_k < V:
+        kth = jax.lax.top_k(x, top_k)[0][..., -1:]
+        x = jnp.where(x >= kth, x, -jnp.inf)
+    if top_p < 1.0:
+        srt = jnp.sort(x, axis=-1)[..., ::-1]  # descending
+        probs = jax.nn.softmax(srt, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
+        keep = mass_before < top_p
+        thresh = jnp.min(jnp.where(keep, srt, jnp.inf), axis=-1, keepdims=True)
+        x = jnp.where(x >= thresh, x, -jnp.inf)
+    return x
+
+
+def sample_logits(logits, key, *, temperature=1.0, top_k=0, top_p=1.0, allowed=None):
+    """logits [B, V] -> (tokens [B] int32, logprobs [B] float32) under the filtered distribution."""
+    chex.assert_rank(logits, 2)
+    if temperature == 0.0:
+        x = filter_logits(logits, allowed=allowed)
+        tok = jnp.argmax(x, axis=-1)
+    else:
+        x = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p, allowed=allowed)
+        tok = jax.random.categorical(key, x, axis=-1)
+    logp = jax.nn.log_softmax(x, axis=-1)
+    return tok.astype(jnp.int32), jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Prefill + decode
+
+
+def _allowed_at(allowed, step, B):
+    """The [B, V] mask for decode step `step` from a [V], [B, V] or [B, N, V] mask (or None)."""
+    if allowed is None:
+        return None
+    if allowed.ndim == 1:
+        return jnp.broadcast_to(allowed[None], (B, allowed.shape[0]))
+    if allowed.ndim == 2:
+        return allowed
+    return jax.lax.dynamic_index_in_dim(allowed, step, axis=1, keepdims=False)
+
+
+def left_align(prompt, prompt_len, pad_id=0):
+    """Right-padded prompt [B, P] -> (tokens, positions, valid) [B, P], each row ending at slot P-1."""
+    B, P = prompt.shape
+    pad = P - prompt_len  # [B]
+    slot = jnp.arange(P)[None, :]
+    src = (slot - pad[:, None]) % P
+    valid = slot >= pad[:, None]
+    tokens = jnp.where(valid, jnp.take_along_axis(prompt, src, axis=1), pad_id)
+    positions = jnp.maximum(slot - pad[:, None], 0).astype(jnp.int32)
+    return tokens.astype(jnp.int32), positions, valid
+
+
+def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig, allowed_tokens=None):
+    """Pure prefill + decode. prompt [B, P] int (right-padded), prompt_len [B] (1 <= len <= P).
+
+    allowed_tokens: None or bool [V], [B, V] (same mask every step) or [B, N, V] (per step).
+    Returns tokens [B, N] int32, logprobs [B, N] float32, lengths [B] int32 (N = cfg.max_new_tokens).
+    """
+    chex.assert_rank([prompt, prompt_len], [2, 1])
+    B, P = prompt.shape
+    N = cfg.max_new_tokens
+    model = tr.merge(graphdef, params)
+    if allowed_tokens is not None:
+        if allowed_tokens.ndim not in (1, 2, 3):
+            raise ValueError(f"allowed_tokens must be [V], [B, V] or [B, N, V], got {allowed_tokens.shape}")
+        allowed_tokens = allowed_tokens.astype(bool)
+    prompt_len = prompt_len.astype(jnp.int32)
+    toks, pos, valid = left_align(prompt.astype(jnp.int32), prompt_len, cfg.pad_id)
+
+    cache = tr.init_cache(model.cfg, B, P + N)
+    # Unembed only the last slot: [B, P, V] prefill logits would dominate memory for big vocabularies.
+    h, cache = model(toks, positions=pos, attention_mask=valid, cache=cache, cache_index=0, return_hidden=True)
+    logits = model.unembed(h[:, -1:])[:, 0]
+    stops = jnp.asarray(cfg.stop_tokens, jnp.int32)
+
+    def cond(c):
+        i, done = c[0], c[4]
+        return (i < N) & ~jnp.all(done)
+
+    def body(c):
+        i, logits, cache, key, done, out_t, out_lp = c
+        sk = jax.random.fold_in(key, i)
+        tok, lp = sample_logits(logits, sk, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                allowed=_allowed_at(allowed_tokens, i, B))
+        tok = jnp.where(done, cfg.pad_id, tok)
+        lp = jnp.where(done, 0.0, lp)
+        out_t = jax.lax.dynamic_update_index_in_dim(out_t, tok, i, axis=1)
+        out_lp = jax.lax.dynamic_update_index_in_dim(out_lp, lp, i, axis=1)
+        if cfg.stop_tokens:
+            done = done | jnp.any(tok[:, None] == stops[None, :], axis=-1)
+        # Feed the token at slot P + i; its position continues each row's own count.
+        new_pos = (prompt_len + i)[:, None]
+        h, cache = model(tok[:, None], positions=new_pos, attention_mask=jnp.ones((B, 1), bool), cache=cache,
+                         cache_index=P + i, return_hidden=True)
+        return i + 1, model.unembed(h)[:, 0], cache, key, done, out_t, out_lp
+
+    init = (jnp.int32(0), logits, cache, key, jnp.zeros((B,), bool),
+            jnp.full((B, N), cfg.pad_id, jnp.int32), jnp.zeros((B, N), jnp.float32))
+    steps, _, _, _, done, out_t, out_lp = jax.lax.while_loop(cond, body, init)
+    # A row's length: steps taken before it finished (its stop token included).
+    if cfg.stop_tokens:
+        is_stop = jnp.any(out_t[..., None] == stops, axis=-1)
+        first = jnp.argmax(is_stop, axis=1)
+        lengths = jnp.where(is_stop.any(1), first + 1, steps)
+    else:
+        lengths = jnp.full((B,), steps)
+    return out_t, out_lp, lengths.astype(jnp.int32)
+
+
+def _split_model(model_or_pair):
+    if isinstance(model_or_pair, nnx.Module):
+        return tr.split(model_or_pair)
+    graphdef, params = model_or_pair
+    return graphdef, params
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def _generate_jit(graphdef, params, prompt, prompt_len, key, cfg, allowed_tokens):
+    return sample_tokens(graphdef, params, prompt, prompt_len, key, cfg, allowed_tokens)
+
+
+def generate(model, prompt_tokens, prompt_lengths, key, *, max_new_tokens, temperature=1.0, top_p=1.0,
+             top_k=0, stop_tokens=(), allowed_tokens=None, pad_id=0):
+    """Sample N = max_new_tokens tokens after each prompt. See the module docstring.
+
+    model: a Transformer or its (graphdef, params) split. prompt_tokens [B, P] int right-padded,
+    prompt_lengths [B] int, key: a typed PRNG key. Returns tokens [B, N] int32, logprobs [B, N] float32,
+    lengths [B] int32 (generated tokens including the stop token).
+    """
+    graphdef, params = _split_model(model)
+    cfg = SamplerConfig(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
+                        top_k=int(top_k), stop_tokens=tuple(stop_tokens), pad_id=int(pad_id))
+    prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
+    prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+    if allowed_tokens is not None:
+        allowed_tokens = jnp.asarray(allowed_tokens, bool)
+    return _generate_jit(graphdef, params, prompt_tokens, prompt_lengths, key, cfg, allowed_tokens)
+
+
+# ----------------------------------------------------------------------------------------------
+# Scoring a given sequence
+
+
+def sequence_logprobs(graphdef, params, tokens, prompt_len, total_len, *, temperature=1.0):
+    """log p(tokens[b, t] | tokens[b, <t]) [B, T] float32, 0 outside prompt_len[b] <= t < total_len[b].
+
+    tokens [B, T] int (prompt then response, right-padded), prompt_len / total_len [B] int. Pure and
+    traceable; matches `generate`'s log-probs at the same temperature with no top-k / top-p / mask.
+    """
+    chex.assert_rank([tokens, prompt_len, total_len], [2, 1, 1])
+    B, T = tokens.shape
+    tokens = tokens.astype(jnp.int32)
+    t = jnp.arange(T)[None, :]
+    valid = t < total_len[:, None]
+    logits = tr.apply(graphdef, params, tokens, attention_mask=valid)  # positions 0..T-1
+    if temperature != 1.0:
+        logits = logits / temperature
+    # logits[:, t-1] predicts tokens[:, t]; logsumexp avoids a second [B, T, V] buffer.
+    pred = logits[:, :-1].astype(jnp.float32)
+    tgt = tokens[:, 1:, None]
+    lp = jnp.take_along_axis(pred, tgt, axis=-1)[..., 0] - jax.nn.logsumexp(pred, axis=-1)
+    lp = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), lp], axis=1)
+    keep = (t >= prompt_len[:, None]) & valid & (t >= 1)
+    return jnp.where(keep, lp, 0.0)

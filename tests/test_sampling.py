@@ -1,0 +1,295 @@
+"""Sampler: greedy == uncached argmax, batching invariance, filtered log-probs, masks, stops, retracing."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from crl_jax import sampling as S
+from crl_jax.models import transformer as tr
+
+V = 64
+N = 6
+PROMPTS = [[5, 9, 2, 7, 1], [3, 3], [11, 4, 8]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    """Tiny model with large numpy-initialised weights (no eager init ops to compile): norms 4, matrices
+    N(0, 0.08), so logits are peaked and greedy choices have clear margins."""
+    gd, state = tr.split(nnx.eval_shape(lambda: tr.create(tr.tiny_config(V), jax.random.key(0))))
+    rng = np.random.default_rng(0)
+    pure = {k: (np.full(v.shape, 4.0, np.float32) if "norm" in k else
+                (0.08 * rng.standard_normal(v.shape)).astype(np.float32))
+            for k, v in nnx.to_pure_dict(state).items()}
+    nnx.replace_by_pure_dict(state, {k: jnp.asarray(v) for k, v in pure.items()})
+    return gd, state
+
+
+def batch(prompts, P=None):
+    P = P or max(len(p) for p in prompts)
+    arr = np.zeros((len(prompts), P), np.int32)
+    for i, p in enumerate(prompts):
+        arr[i, : len(p)] = p
+    return jnp.asarray(arr), jnp.asarray([len(p) for p in prompts], jnp.int32)
+
+
+T_REF = 12  # every reference forward is padded to [3, T_REF]: one compile for the module
+_fwd = jax.jit(tr.apply, static_argnums=0)
+
+
+def ref_logits(model, seqs):
+    """Uncached full forward of unpadded sequences -> float64 logits [B, T_REF, V]. The model is causal,
+    so logits[b, t] are those of the prefix seqs[b][:t+1] alone (trailing zeros never influence them)."""
+    gd, pa = model
+    arr = np.zeros((3, T_REF), np.int32)
+    for i, q in enumerate(seqs):
+        arr[i, : len(q)] = q
+    return np.asarray(_fwd(gd, pa, jnp.asarray(arr)), np.float64)
+
+
+def log_softmax(x):
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+def ref_filter(logits, temperature, top_k=0, top_p=1.0, allowed=None):
+    """Independent numpy filter: mask -> temperature -> top-k -> top-p; returns log-probs (-inf = dropped)."""
+    x = np.where(allowed, logits, -np.inf) if allowed is not None else logits.copy()
+    x = x / temperature
+    if top_k:
+        x = np.where(x >= np.sort(x)[-top_k], x, -np.inf)
+    if top_p < 1:
+        p = np.exp(log_softmax(x))
+        order = np.argsort(-p)
+        keep = np.zeros_like(p, bool)
+        mass = 0.0
+        for j in order:  # add tokens until the kept mass reaches top_p
+            keep[j] = True
+            mass += p[j]
+            if mass >= top_p:
+                break
+        x = np.where(keep, x, -np.inf)
+    return log_softmax(x)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def test_left_align_literal():
+    toks, pos, valid = S.left_align(jnp.array([[1, 2, 3], [4, 0, 0]]), jnp.array([3, 1]), pad_id=9)
+    np.testing.assert_array_equal(toks, [[1, 2, 3], [9, 9, 4]])
+    np.testing.assert_array_equal(pos, [[0, 1, 2], [0, 0, 0]])
+    np.testing.assert_array_equal(valid, [[True, True, True], [False, False, True]])
+
+
+def test_sample_logits_hand_computed():
+    lg = jnp.log(jnp.array([[0.5, 0.3, 0.2]]))
+    k = jax.random.key(0)
+    # top-p 0.6 keeps {0.5, 0.3}: renormalised p(token 0) = 0.5 / 0.8.
+    x = S.filter_logits(lg, top_p=0.6)
+    np.testing.assert_allclose(jax.nn.softmax(x)[0], [0.625, 0.375, 0.0], atol=1e-6)
+    # top-k 1 -> deterministic, log-prob 0.
+    tok, lp = S.sample_logits(lg, k, top_k=1)
+    assert int(tok[0]) == 0 and abs(float(lp[0])) < 1e-6
+    # Mask out token 0 then greedy: token 1 with log(0.3 / 0.5).
+    tok, lp = S.sample_logits(lg, k, temperature=0.0, allowed=jnp.array([False, True, True]))
+    assert int(tok[0]) == 1
+    np.testing.assert_allclose(float(lp[0]), np.log(0.6), atol=1e-6)
+    # Temperature 0.5 squares the probabilities: p ∝ (0.25, 0.09, 0.04).
+    x = S.filter_logits(lg, temperature=0.5)
+    np.testing.assert_allclose(jax.nn.softmax(x)[0], np.array([0.25, 0.09, 0.04]) / 0.38, atol=1e-6)
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="top_p"):
+        S.SamplerConfig(max_new_tokens=2, top_p=0.0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        S.SamplerConfig(max_new_tokens=0)
+
+
+def test_greedy_equals_uncached_argmax_and_batch_invariance(model):
+    p, l = batch(PROMPTS)
+    toks, lps, lens = S.generate(model, p, l, jax.random.key(0), max_new_tokens=N, temperature=0.0)
+    chex.assert_shape([toks, lps], (3, N))
+    np.testing.assert_array_equal(lens, [N] * 3)
+    seqs = [pr + np.asarray(toks[b]).tolist() for b, pr in enumerate(PROMPTS)]
+    ref = ref_logits(model, seqs)
+    for b, pr in enumerate(PROMPTS):
+        for t in range(N):  # argmax of the uncached forward over the prompt and tokens so far
+            lg = ref[b, len(pr) + t - 1]
+            assert int(toks[b, t]) == int(np.argmax(lg)), (b, t)
+            np.testing.assert_allclose(float(lps[b, t]), log_softmax(lg)[int(toks[b, t])], atol=1e-4)
+    # Each prompt alone (batch of 1, same width) and the shortest prompt with no padding at all.
+    for b, pr in enumerate(PROMPTS):
+        t1, lp1, _ = S.generate(model, p[b:b + 1], l[b:b + 1], jax.random.key(0), max_new_tokens=N,
+                                temperature=0.0)
+        np.testing.assert_array_equal(t1[0], toks[b])
+        np.testing.assert_allclose(lp1[0], lps[b], atol=1e-5)
+    t1, lp1, _ = S.generate(model, jnp.asarray([PROMPTS[1]]), jnp.asarray([2]), jax.random.key(0),
+                            max_new_tokens=N, temperature=0.0)
+    np.testing.assert_array_equal(t1[0], toks[1])
+    np.testing.assert_allclose(lp1[0], lps[1], atol=1e-5)
+
+
+def check_logprobs(model, toks, lps, n_steps, temperature, top_k=0, top_p=1.0, allowed=None):
+    ref = ref_logits(model, [pr + np.asarray(toks[b]).tolist() for b, pr in enumerate(PROMPTS)])
+    for b, pr in enumerate(PROMPTS):
+        for t in range(n_steps):
+            lp_ref = ref_filter(ref[b, len(pr) + t - 1], temperature, top_k, top_p,
+                                None if allowed is None else allowed[b])
+            tok = int(toks[b, t])
+            assert np.isfinite(lp_ref[tok]), f"sampled token {tok} that the filter drops"
+            np.testing.assert_allclose(float(lps[b, t]), lp_ref[tok], atol=1e-4)
+
+
+@pytest.mark.parametrize("opts", [dict(temperature=0.7, top_k=5), dict(temperature=0.7, top_p=0.8),
+                                  dict(temperature=1.0)])
+def test_logprobs_of_filtered_distribution(model, opts):
+    p, l = batch(PROMPTS)
+    toks, lps, _ = S.generate(model, p, l, jax.random.key(3), max_new_tokens=N, **opts)
+    check_logprobs(model, toks, lps, N, opts["temperature"], opts.get("top_k", 0), opts.get("top_p", 1.0))
+
+
+def test_allowed_tokens_respected_and_logprobs(model):
+    B = 32
+    allowed_v = np.zeros(V, bool)
+    allowed_v[[7, 20, 41]] = True
+    p = jnp.tile(jnp.asarray([[5, 9, 2]]), (B, 1))
+    l = jnp.full((B,), 3)
+    toks, _, _ = S.generate(model, p, l, jax.random.key(1), max_new_tokens=8, temperature=1.5,
+                            allowed_tokens=allowed_v)
+    seen = set(np.unique(np.asarray(toks)).tolist())
+    assert seen <= {7, 20, 41} and len(seen) >= 2  # respected, and not degenerate
+    # Per-row masks [B, V]; log-probs renormalised over each row's allowed set.
+    rows = np.zeros((3, V), bool)
+    rows[0, [1, 2]] = True
+    rows[1, [30]] = True
+    rows[2, :] = True
+    pb, lb = batch(PROMPTS)
+    toks, lps, _ = S.generate(model, pb, lb, jax.random.key(2), max_new_tokens=N, temperature=0.7,
+                              allowed_tokens=rows)
+    assert set(np.asarray(toks[0]).tolist()) <= {1, 2}
+    np.testing.assert_array_equal(toks[1], [30] * N)
+    np.testing.assert_allclose(lps[1], 0.0, atol=1e-6)  # a single allowed token has probability 1
+    check_logprobs(model, toks, lps, N, 0.7, allowed=rows)
+
+
+def test_stop_tokens_stop_and_pad(model):
+    p, l = batch(PROMPTS)
+    kw = dict(max_new_tokens=N, temperature=0.0)
+    ref, ref_lp, _ = S.generate(model, p, l, jax.random.key(0), **kw)
+    stop = int(ref[0, 2])  # row 0 emits this at step 2 (maybe earlier)
+    first = [int(np.argmax(np.asarray(r) == stop)) if stop in np.asarray(r) else None for r in ref]
+    toks, lps, lens = S.generate(model, p, l, jax.random.key(0), stop_tokens=(stop,), pad_id=63, **kw)
+    for b in range(3):
+        n = N if first[b] is None else first[b] + 1
+        assert int(lens[b]) == n
+        np.testing.assert_array_equal(toks[b, :n], ref[b, :n])
+        np.testing.assert_allclose(lps[b, :n], ref_lp[b, :n], atol=1e-6)
+        assert (np.asarray(toks[b, n:]) == 63).all() and (np.asarray(lps[b, n:]) == 0).all()
+    # Every row stops on its first token -> the loop exits early; lengths 1, the rest padding.
+    firsts = tuple(int(t) for t in ref[:, 0])
+    toks, lps, lens = S.generate(model, p, l, jax.random.key(0), stop_tokens=firsts, **kw)
+    np.testing.assert_array_equal(lens, [1, 1, 1])
+    np.testing.assert_array_equal(toks[:, 0], ref[:, 0])
+    np.testing.assert_array_equal(toks[:, 1:], 0)
+    np.testing.assert_array_equal(lps[:, 1:], 0.0)
+
+
+def test_keys_determinism_and_compiles_once(model):
+    gd, pa = model
+    m = tr.merge(gd, pa)  # a Module is accepted too; each call re-splits it
+    p, l = batch(PROMPTS)
+    kw = dict(max_new_tokens=N, temperature=1.0)
+    a = S.generate(model, p, l, jax.random.key(5), **kw)
+    size = S._generate_jit._cache_size()
+    b = S.generate(m, p, l, jax.random.key(5), **kw)
+    c = S.generate(model, p + 1, l, jax.random.key(6), **kw)  # new values, same shapes
+    assert S._generate_jit._cache_size() == size, "generate retraced for identical shapes/options"
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    d = S.generate(model, p, l, jax.random.key(6), **kw)
+    assert not np.array_equal(a[0], d[0])
+    assert S._generate_jit._cache_size() == size
+
+
+CFG_STOP = S.SamplerConfig(max_new_tokens=N, temperature=1.0, stop_tokens=(3,))
+
+
+def test_sample_tokens_in_outer_jit_with_batched_keys(model):
+    gd, pa = model
+    p, l = batch(PROMPTS)
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def step(params, prompt, plen, keys):  # like a training iteration: one sampled group per key
+        return jax.vmap(lambda k: S.sample_tokens(gd, params, prompt, plen, k, CFG_STOP))(keys)
+
+    keys = jax.random.split(jax.random.key(0), 2)
+    t, lp, n = step(pa, p, l, keys)
+    chex.assert_shape([t, lp], (2, 3, N))
+    step(pa, p, l, jax.random.split(jax.random.key(1), 2))  # no retrace (assert_max_traces)
+    g = S.generate(model, p, l, keys[1], max_new_tokens=N, temperature=1.0, stop_tokens=(3,))
+    np.testing.assert_array_equal(t[1], g[0])
+    np.testing.assert_allclose(lp[1], g[1], atol=1e-5)
+    np.testing.assert_array_equal(n[1], g[2])
+
+
+def test_sequence_logprobs_match_generate(model):
+    gd, pa = model
+    p, l = batch(PROMPTS)
+    toks, lps, lens = S.generate(model, p, l, jax.random.key(4), max_new_tokens=N, temperature=1.0,
+                                 stop_tokens=(3,))
+    full = np.zeros((3, T_REF), np.int32)
+    for b, pr in enumerate(PROMPTS):  # prompt then response, right-padded
+        n = int(lens[b])
+        full[b, : len(pr)] = pr
+        full[b, len(pr): len(pr) + n] = np.asarray(toks[b, :n])
+    total = l + lens
+    seq = jax.jit(S.sequence_logprobs, static_argnums=0)(gd, pa, jnp.asarray(full), l, total)
+    for b, pr in enumerate(PROMPTS):
+        n = int(lens[b])
+        got = np.asarray(seq[b])
+        np.testing.assert_allclose(got[len(pr): len(pr) + n], lps[b, :n], atol=1e-4)
+        assert (got[: len(pr)] == 0).all() and (got[len(pr) + n:] == 0).all()
+
+
+def test_sequence_logprobs_literal():
+    """A 1-layer model whose output is independent of the input -> log-probs are hand-computable."""
+    cfg = tr.tiny_config(4, num_layers=1)
+    gd, pa = tr.split(tr.create(cfg, jax.random.key(0)))
+    pa = jax.tree.map(jnp.zeros_like, pa)  # zero weights: hidden = 0 -> logits all 0 -> uniform
+    tokens = jnp.array([[1, 2, 3, 0]])
+    lp = S.sequence_logprobs(gd, pa, tokens, jnp.array([1]), jnp.array([3]))  # eager (no jit)
+    np.testing.assert_allclose(lp, [[0.0, np.log(0.25), np.log(0.25), 0.0]], atol=1e-6)
+
+
+def test_greedy_equals_transformers_generate(tmp_path):
+    """Greedy decoding equals transformers' greedy `generate` on a tiny random LlamaForCausalLM loaded
+    through `crl_jax.models.from_pretrained` (save_pretrained -> safetensors folder)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from crl_jax.models import from_pretrained
+
+    torch.manual_seed(0)
+    hc = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
+                     tie_word_embeddings=False)
+    hf = LlamaForCausalLM(hc).eval()
+    with torch.no_grad():  # larger weights than HF's 0.02 init -> peaked logits, no near-ties
+        for prm in hf.parameters():
+            if prm.ndim == 2:
+                prm.normal_(0.0, 0.15)
+    hf.save_pretrained(tmp_path)
+    ours, _ = from_pretrained(tmp_path)
+    p, l = batch(PROMPTS)
+    toks, _, _ = S.generate(ours, p, l, jax.random.key(0), max_new_tokens=N, temperature=0.0)
+    for b, pr in enumerate(PROMPTS):
+        with torch.no_grad():  # min_new_tokens keeps HF from stopping at the config's eos id
+            out = hf.generate(torch.tensor([pr]), attention_mask=torch.ones(1, len(pr), dtype=torch.long),
+                              max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0)
+        np.testing.assert_array_equal(np.asarray(toks[b]), out[0, len(pr):].numpy())
