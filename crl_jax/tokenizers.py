@@ -11,7 +11,7 @@ Everything above this module talks to a `Tokenizer`:
 The byte tokenizer needs no files: ids 0..255 are raw bytes, followed by PAD, BOS, EOS and any extra
 atomic tokens (the tiny default uses them for action names and extractor operations so that a
 constrained decoder can pick one token per action). Hugging Face tokenizers come from a folder
-(`tokenizer.json` / `tokenizer_config.json`) or from GGUF metadata (see `crl_jax.models.loading`).
+(`tokenizer.json` / `tokenizer_config.json`) or from GGUF metadata (`HFTokenizer.from_gguf_metadata`).
 """
 
 from __future__ import annotations
@@ -46,15 +46,32 @@ CHATML_TEMPLATE = (
 )
 
 
-def _render_template(template: str, messages: list[dict], add_generation_prompt: bool, **extra) -> str:
-    import jinja2
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # transformers' filter: unlike jinja's built-in tojson it does not HTML-escape.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+def _strftime_now(fmt):
+    import datetime
+
+    return datetime.datetime.now().strftime(fmt)
+
+
+def _render_template(template: str, messages: list[dict], add_generation_prompt: bool, **extra) -> str:
+    """Render a chat template the way transformers' `apply_chat_template` does (sandboxed jinja2,
+    trim_blocks + lstrip_blocks, loop controls, `tojson`, `raise_exception`, `strftime_now`)."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
 
     def raise_exception(msg):
         raise ValueError(f"chat template error: {msg}")
 
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = _strftime_now
     return env.from_string(template).render(
         messages=messages, add_generation_prompt=add_generation_prompt, **extra
     )
@@ -233,3 +250,92 @@ class HFTokenizer:
         ids = {k: (tok.token_to_id(v) if v else None) for k, v in (("bos", bos), ("eos", eos), ("pad", pad))}
         return cls(tok, bos_id=ids["bos"], eos_id=ids["eos"], pad_id=ids["pad"], chat_template=template,
                    bos_token=bos, eos_token=eos)
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict) -> "HFTokenizer":
+        """Rebuild the tokenizer a GGUF file describes from its `tokenizer.*` metadata.
+
+        `meta` maps GGUF keys to Python values (`tokenizer.ggml.tokens`, `.merges`, `.token_type`,
+        `.model`, `.pre`, `.bos_token_id`, `.eos_token_id`, `.padding_token_id`, `.add_bos_token`,
+        `tokenizer.chat_template`). Byte-level BPE (`tokenizer.ggml.model == "gpt2"`, used by
+        SmolLM2, Llama 3, Qwen2/3) is supported; CONTROL tokens (type 3) become special added tokens
+        and USER_DEFINED ones (type 4) plain added tokens, so both are matched whole.
+        """
+        from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
+        from tokenizers import Tokenizer as _Tok
+
+        kind = meta.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
+        tokens = list(meta["tokenizer.ggml.tokens"])
+        if "tokenizer.ggml.merges" not in meta:
+            raise ValueError("GGUF tokenizer has no tokenizer.ggml.merges")
+        alphabet = _byte_to_unicode()
+        allowed = set(alphabet.values())
+        # A token written with characters outside the byte alphabet is respelled byte by byte.
+        spelled = [t if set(t) <= allowed else "".join(alphabet[b] for b in t.encode("utf-8")) for t in tokens]
+        vocab = {t: i for i, t in enumerate(spelled)}
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        tok = _Tok(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+        pre = meta.get("tokenizer.ggml.pre", "default")
+        split = _GGUF_PRE_SPLITS.get(pre)
+        if pre in _GGUF_NFC:
+            tok.normalizer = normalizers.NFC()
+        if split is None:  # GPT-2 regex inside ByteLevel; "smollm" first isolates every digit
+            parts = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+            if pre in _GGUF_DIGITS:
+                parts.insert(0, pre_tokenizers.Digits(individual_digits=True))
+            tok.pre_tokenizer = pre_tokenizers.Sequence(parts)
+        else:
+            tok.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ])
+        tok.decoder = decoders.ByteLevel()
+        types = list(meta.get("tokenizer.ggml.token_type") or [])
+        control = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == 3 and t in vocab]
+        user = [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == 4 and t in vocab]
+        if control:
+            tok.add_special_tokens(control)
+        if user:
+            tok.add_tokens(user)
+
+        def ident(key):
+            v = meta.get(f"tokenizer.ggml.{key}")
+            return int(v) if v is not None and 0 <= int(v) < len(tokens) else None
+
+        bos, eos, pad = ident("bos_token_id"), ident("eos_token_id"), ident("padding_token_id")
+        bos_tok = tokens[bos] if bos is not None else None
+        if meta.get("tokenizer.ggml.add_bos_token") and bos is not None:
+            tok.post_processor = processors.TemplateProcessing(
+                single=f"{bos_tok} $A", pair=f"{bos_tok} $A {bos_tok} $B", special_tokens=[(bos_tok, bos)])
+        return cls(tok, bos_id=bos, eos_id=eos, pad_id=pad, chat_template=meta.get("tokenizer.chat_template"),
+                   bos_token=bos_tok, eos_token=tokens[eos] if eos is not None else None)
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table that byte-level BPE vocabularies are spelled in."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+# llama.cpp pre-tokenizer names (`tokenizer.ggml.pre`) -> the split regex their merges were learned with.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GGUF_PRE_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
+                    "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
+_GGUF_NFC = {"qwen2", "deepseek-r1-qwen"}
+_GGUF_DIGITS = {"smollm"}
