@@ -71,7 +71,9 @@ def test_float32_logits_match_transformers(case, tmp_path):
     assert out.shape == ref.shape == (2, 20, 300)
     assert np.abs(ref).max() > 0.5  # logits big enough for 1e-4 to be a real test
     np.testing.assert_allclose(out, ref, atol=1e-4, rtol=0)
-    # the same numbers under jit, from the split (graphdef, params) form
+    if case != "llama_untied_llama3rope":
+        return
+    # the same numbers under jit, from the split (graphdef, params) form (one case: compiling costs time)
     from crl_jax.models.transformer import apply, split
 
     g, p = split(model)
