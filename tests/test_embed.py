@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from crl_jax.models import transformer as tr
 from crl_jax.models.embed import (HashedNgramEmbedder, LMMeanPoolEmbedder, MiniLMEmbedder, embed_texts,
@@ -13,6 +14,7 @@ from crl_jax.tokenizers import ByteTokenizer
 
 TOK = ByteTokenizer()
 M32 = 0xFFFFFFFF
+_call = jax.jit(lambda emb, t, n: emb(t, n))  # one compile per embedder config and shape
 
 
 def _mix(h):
@@ -45,10 +47,10 @@ def test_hashed_matches_python_reference():
     e = HashedNgramEmbedder(dim=16, n=(1, 2, 3), seed=3)
     for text in ["a", "ab", "go to the red door", "héllo"]:
         ids = TOK.encode(text)
-        got = e(_pad(ids, 24), len(ids))
+        got = _call(e, _pad(ids, 24), len(ids))
         np.testing.assert_allclose(np.asarray(got), _ref_hashed(ids, 16, (1, 2, 3), 3), atol=1e-6)
     # a single token with unigrams only is exactly +-1 in one bucket
-    one = np.asarray(HashedNgramEmbedder(dim=8, n=(1,))(_pad([97], 4), 1))
+    one = np.asarray(_call(HashedNgramEmbedder(dim=8, n=(1,)), _pad([97], 4), 1))
     assert np.count_nonzero(one) == 1 and abs(one.sum()) == pytest.approx(1.0)
 
 
@@ -62,13 +64,14 @@ def test_hashed_deterministic_padding_and_similarity():
     sims = k1 @ k1.T
     assert sims[0, 1] > 0.9 > sims[0, 2] + 0.3
     # a different seed gives a different key
-    assert not np.allclose(np.asarray(HashedNgramEmbedder(seed=1)(_pad(TOK.encode(texts[0]), 32), 18)), k1[0])
+    assert not np.allclose(np.asarray(_call(HashedNgramEmbedder(seed=1), _pad(TOK.encode(texts[0]), 32), 18)), k1[0])
     # padding beyond length is ignored, whatever it holds
     ids = TOK.encode(texts[0])
     junk = np.array(ids + list(range(100, 114)), np.int32)
-    np.testing.assert_allclose(np.asarray(e(junk, len(ids))), k1[0], atol=1e-7)
+    np.testing.assert_allclose(np.asarray(_call(e, junk, len(ids))), k1[0], atol=1e-7)
+    np.testing.assert_allclose(np.asarray(e(junk, len(ids))), k1[0], atol=1e-6)  # not jitted
     # empty text -> zero key
-    assert np.all(np.asarray(e(junk, 0)) == 0)
+    assert np.all(np.asarray(_call(e, junk, 0)) == 0)
 
 
 def test_hashed_batch_jit_and_retrace():
@@ -84,26 +87,29 @@ def test_hashed_batch_jit_and_retrace():
     out = f(e, toks, lens)
     f(e, toks + 1, lens)
     chex.assert_shape(out, (5, 32))
-    single = jnp.stack([e(toks[i], lens[i]) for i in range(5)])
+    single = jnp.stack([_call(e, toks[i], lens[i]) for i in range(5)])
     np.testing.assert_allclose(np.asarray(out), np.asarray(single), atol=1e-6)
 
 
 def test_lm_mean_pool():
     cfg = tr.tiny_config(300)
-    model = tr.create(cfg, jax.random.key(0))
+    # numpy weights on the abstract model: jax's random init costs seconds of compile on a busy CPU
+    graphdef, abstract = tr.split(nnx.eval_shape(lambda: tr.create(cfg, jax.random.key(0))))
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda a: jnp.asarray(0.1 * rng.standard_normal(a.shape), a.dtype), abstract)
+    model = tr.merge(graphdef, params)
     e = LMMeanPoolEmbedder.from_model(model)
     assert e.dim == 64
     toks = jax.random.randint(jax.random.key(1), (2, 6), 0, 300)
     lens = jnp.array([4, 6])
-    f = jax.jit(lambda emb, t, l: emb(t, l))
-    out = f(e, toks, lens)
-    hidden = jax.jit(lambda m, t: m(t, return_hidden=True))
+    out = _call(e, toks, lens)
+    # The decoder is causal, so the first n hidden states of the full row are those of the unpadded prefix.
+    h = np.asarray(jax.jit(lambda m, t: m(t, return_hidden=True))(model, toks))
     for i in range(2):
-        h = hidden(model, toks[i:i + 1, : int(lens[i])])[0]  # unpadded reference
-        ref = np.asarray(h.mean(0))
+        ref = h[i, : int(lens[i])].mean(0)
         np.testing.assert_allclose(np.asarray(out[i]), ref / np.linalg.norm(ref), atol=1e-5)
     junk = toks.at[0, 4:].set(7)
-    np.testing.assert_allclose(np.asarray(f(e, junk, lens)), np.asarray(out), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(_call(e, junk, lens)), np.asarray(out), atol=1e-6)
 
 
 @pytest.fixture(scope="module")
