@@ -263,7 +263,7 @@ def extractor_advantages(rewards: jax.Array, valid: jax.Array, weights: jax.Arra
 
 
 # The extractor reward variants live in `crl_jax.rewards`; re-exported here for one import site.
-from crl_jax.rewards import (  # noqa: E402,F401
+from crl_jax.rewards import (  # noqa: F401
     EntryRewards,
     critic_rewards,
     entry_rewards,

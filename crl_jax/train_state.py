@@ -1,0 +1,293 @@
+"""Train states for the actor and the extractor, and the single jit-compiled co-update (DESIGN.md §2).
+
+`TrainState` is a pure pytree: the NNX graph definition and the optax transformation are static
+(aux data), params / optimizer state / counters are leaves, so states jit, shard and checkpoint as
+values. `make_co_update(...)` returns ONE compiled program that computes both models' losses,
+gradients and AdamW steps:
+
+- the extractor half runs under `lax.cond(extractor_batch.ready, ...)`, so a not-ready buffer costs no
+  forward/backward and leaves the extractor state bit-identical, with no recompilation;
+- a non-finite loss or gradient keeps that model's params and optimizer state, does not advance its
+  `step`, and adds 1 to its `nonfinite_count`; a batch with no valid token is skipped likewise
+  (without counting);
+- `microbatches=M` splits the batch rows into M chunks and accumulates gradients under `lax.scan`.
+  Loss callbacks return (numerator, (denominator, metrics)) with loss = numerator / denominator and a
+  denominator that does not depend on params, so accumulation is exact: sum the numerators' gradients
+  and divide by the summed denominators. Metrics are averaged over micro-batches.
+
+Loss callbacks are factories (`actor_ppo_loss(cfg)`, `extractor_cispo_loss(cfg)`), each
+`fn(graphdef, params, batch) -> (num, (den, metrics))`; a loop with its own batch format passes its own.
+
+Split GRPO: set `ActorBatch.weight = losses.split_group_weights(guided).reshape(-1)` (1 / (number of
+non-empty subgroups x subgroup size)) and the actor loss is the mean over groups of the mean of the
+guided and free subgroups' losses (paper Eq. 5, weight 1/2 each); with equal-size subgroups this equals
+weight = 1 everywhere. Padding rows get weight 0.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from crl_jax import losses
+
+_F32 = jnp.float32
+
+
+@struct.dataclass
+class TrainState:
+    graphdef: Any = struct.field(pytree_node=False)  # nnx.GraphDef of the model
+    tx: optax.GradientTransformation = struct.field(pytree_node=False)
+    params: Any = None  # nnx.State of nnx.Param
+    opt_state: Any = None
+    step: jax.Array = None  # int32 scalar: number of applied updates
+    nonfinite_count: jax.Array = None  # int32 scalar: updates skipped for a non-finite loss/grad
+
+
+def make_optimizer(lr: float = 1e-6, weight_decay: float = 0.0, grad_clip: float | None = 1.0,
+                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
+    """Global-norm gradient clipping (skipped when grad_clip is None or <= 0), then AdamW, constant LR."""
+    adamw = optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    if grad_clip is None or grad_clip <= 0:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(grad_clip), adamw)
+
+
+def create_train_state(model: nnx.Module, tx: optax.GradientTransformation) -> TrainState:
+    """Split an NNX model (all of its state must be nnx.Param) and initialise the optimizer state."""
+    graphdef, params = nnx.split(model, nnx.Param)
+    return TrainState(graphdef=graphdef, tx=tx, params=params, opt_state=tx.init(params),
+                      step=jnp.zeros((), jnp.int32), nonfinite_count=jnp.zeros((), jnp.int32))
+
+
+# ----------------------------------------------------------------------------------------------
+# Batches and log-probs
+
+
+@struct.dataclass
+class ActorBatch:
+    tokens: jax.Array  # [B, T] int32, prompt + response, right-padded
+    loss_mask: jax.Array  # [B, T] bool, True on trained (response) tokens; column 0 is ignored
+    behavior_logp: jax.Array  # [B, T] float32 log-prob of each token under the sampling policy
+    advantages: jax.Array  # [B] float32
+    weight: jax.Array  # [B] float32 sample weight (split_group_weights; 0 for padding rows)
+    ref_logp: jax.Array | None = None  # [B, T] reference-policy log-probs (only for kl_coef > 0)
+
+
+@struct.dataclass
+class ExtractorBatch:
+    tokens: jax.Array  # [N, T] int32, extractor prompt + generation, right-padded
+    loss_mask: jax.Array  # [N, T] bool, True on generated tokens
+    behavior_logp: jax.Array  # [N, T] float32, stored at generation time
+    advantages: jax.Array  # [N] float32, already multiplied by the repeat weights
+    ready: jax.Array  # bool scalar: buffer full, take the extractor step
+
+
+def response_mask(prompt_len: jax.Array, length: jax.Array, seq_len: int) -> jax.Array:
+    """[B, T] bool: prompt_len[b] <= t < length[b] (single-turn prompt/response layout)."""
+    t = jnp.arange(seq_len)[None, :]
+    return (t >= prompt_len[:, None]) & (t < length[:, None])
+
+
+def token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, *, with_entropy: bool = False):
+    """Per-token log-probs from one full forward pass of the model.
+
+    logp[b, t] = log_softmax(logits[b, t - 1])[tokens[b, t]] where mask[b, t] and t >= 1, else 0;
+    entropy[b, t] (if asked; no gradient) is the entropy of that same distribution.
+    tokens, mask [B, T] -> logp [B, T] float32, entropy [B, T] float32 or None.
+    """
+    chex.assert_rank([tokens, mask], 2)
+    chex.assert_equal_shape([tokens, mask])
+    logits = nnx.merge(graphdef, params)(tokens)[:, :-1].astype(_F32)  # [B, T-1, V] predicts t = 1..T-1
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, tokens[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
+    pad = jnp.zeros((tokens.shape[0], 1), _F32)
+    valid = mask.astype(bool) & (jnp.arange(tokens.shape[1]) >= 1)[None, :]
+    logp = jnp.where(valid, jnp.concatenate([pad, picked - lse], axis=1), 0.0)
+    entropy = None
+    if with_entropy:
+        ent = jax.lax.stop_gradient(losses.token_entropy(logits))
+        entropy = jnp.where(valid, jnp.concatenate([pad, ent], axis=1), 0.0)
+    return logp, entropy
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss callbacks
+
+
+@dataclass(frozen=True)
+class PPOLossConfig:
+    clip_eps: float = 0.2
+    ratio: str = "token"  # "token" | "sequence"
+    aggregation: str = "seq_mean_token_mean"  # | "token_mean"
+    kl_coef: float = 0.0  # k3 KL to ActorBatch.ref_logp; off, as in the paper
+    entropy_metric: bool = True
+
+
+@dataclass(frozen=True)
+class CISPOLossConfig:
+    eps_low: float = 0.1
+    eps_high: float = 0.1
+    entropy_metric: bool = True
+
+
+LossFn = Callable[[Any, Any, Any], tuple]
+
+
+def actor_ppo_loss(cfg: PPOLossConfig = PPOLossConfig()) -> LossFn:
+    """fn(graphdef, params, ActorBatch) -> (num, (den, metrics)) of `losses.ppo_clip_loss`."""
+
+    def fn(graphdef, params, batch: ActorBatch):
+        mask = batch.loss_mask.astype(bool) & (jnp.arange(batch.tokens.shape[1]) >= 1)[None, :]
+        logp, ent = token_logprobs(graphdef, params, batch.tokens, mask, with_entropy=cfg.entropy_metric)
+        num, den, metrics = losses.ppo_clip_loss_parts(
+            logp, batch.behavior_logp, batch.advantages, mask, clip_eps=cfg.clip_eps, ratio=cfg.ratio,
+            aggregation=cfg.aggregation, sample_weight=batch.weight, entropy_t=ent,
+            ref_logp=batch.ref_logp, kl_coef=cfg.kl_coef)
+        return num, (den, metrics)
+
+    return fn
+
+
+def extractor_cispo_loss(cfg: CISPOLossConfig = CISPOLossConfig()) -> LossFn:
+    """fn(graphdef, params, ExtractorBatch) -> (num, (den, metrics)) of `losses.cispo_loss`."""
+
+    def fn(graphdef, params, batch: ExtractorBatch):
+        mask = batch.loss_mask.astype(bool) & (jnp.arange(batch.tokens.shape[1]) >= 1)[None, :]
+        logp, ent = token_logprobs(graphdef, params, batch.tokens, mask, with_entropy=cfg.entropy_metric)
+        num, den, metrics = losses.cispo_loss_parts(
+            logp, batch.behavior_logp, batch.advantages, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+            entropy_t=ent)
+        return num, (den, metrics)
+
+    return fn
+
+
+# ----------------------------------------------------------------------------------------------
+# Updates
+
+
+def _split_microbatches(batch, m: int):
+    """Leaves with a leading batch axis [B, ...] -> [m, B/m, ...]; scalars are repeated m times."""
+
+    def split(x):
+        x = jnp.asarray(x)
+        if x.ndim == 0:
+            return jnp.broadcast_to(x, (m,))
+        if x.shape[0] % m:
+            raise ValueError(f"batch size {x.shape[0]} is not divisible by microbatches={m}")
+        return x.reshape(m, x.shape[0] // m, *x.shape[1:])
+
+    return jax.tree_util.tree_map(split, batch)
+
+
+def _grads(state: TrainState, batch, loss_fn: LossFn, microbatches: int):
+    """(num, den, summed float32 grads of num, metrics) over the whole batch."""
+    vg = jax.value_and_grad(lambda p, b: loss_fn(state.graphdef, p, b), has_aux=True)
+    if microbatches == 1:
+        (num, (den, metrics)), g = vg(state.params, batch)
+        return num, den, jax.tree_util.tree_map(lambda x: x.astype(_F32), g), metrics
+
+    def body(carry, mb):
+        gsum, nsum, dsum = carry
+        (num, (den, met)), g = vg(state.params, mb)
+        gsum = jax.tree_util.tree_map(lambda a, b: a + b.astype(_F32), gsum, g)
+        return (gsum, nsum + num, dsum + den), met
+
+    zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, _F32), state.params)
+    init = (zeros, jnp.zeros((), _F32), jnp.zeros((), _F32))
+    (g, num, den), mets = jax.lax.scan(body, init, _split_microbatches(batch, microbatches))
+    return num, den, g, jax.tree_util.tree_map(lambda x: x.mean(0), mets)
+
+
+def _global_norm(tree) -> jax.Array:
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(_F32))) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def apply_update(state: TrainState, batch, loss_fn: LossFn, microbatches: int = 1):
+    """One guarded optimizer step of one model -> (new state, metrics). Pure; call under jit."""
+    num, den, gsum, metrics = _grads(state, batch, loss_fn, microbatches)
+    has_data = den > 0
+    safe_den = jnp.where(has_data, den, 1.0)
+    loss = num / safe_den
+    grads = jax.tree_util.tree_map(lambda g, p: (g / safe_den).astype(p.dtype), gsum, state.params)
+    finite = jnp.isfinite(loss) & jnp.all(
+        jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]))
+    do = finite & has_data
+    updates, new_opt = state.tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+
+    def pick(new, old):
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(do, a, b), new, old)
+
+    new_state = state.replace(
+        params=pick(new_params, state.params), opt_state=pick(new_opt, state.opt_state),
+        step=state.step + do.astype(jnp.int32),
+        nonfinite_count=state.nonfinite_count + (~finite).astype(jnp.int32))
+    metrics = dict(metrics, loss=jnp.where(has_data, loss, 0.0), grad_norm=_global_norm(grads),
+                   updated=do.astype(_F32), nonfinite=(~finite).astype(_F32), denominator=den)
+    return new_state, metrics
+
+
+def _prefix(tag: str, metrics: dict) -> dict:
+    return {f"{tag}/{k}": v for k, v in metrics.items()}
+
+
+def make_co_update(actor_loss_fn: LossFn | None = None, extractor_loss_fn: LossFn | None = None, *,
+                   microbatches: int = 1, extractor_microbatches: int | None = None,
+                   donate: bool = True, max_traces: int | None = None, compiler_options: dict | None = None):
+    """The jit-compiled co-update (actor_state, extractor_state, actor_batch, extractor_batch) ->
+    (actor_state, extractor_state, metrics); both states are donated.
+
+    Defaults: PPO-clip actor (`actor_ppo_loss()`), CISPO extractor (`extractor_cispo_loss()`).
+    `max_traces` wraps the program in `chex.assert_max_traces` (a retrace guard for tests);
+    `compiler_options` go to `jax.jit` (e.g. {"xla_backend_optimization_level": 0} for fast CPU compiles).
+    The states' static parts (graphdef, tx) are part of the compiled signature: build the optimizer
+    once and reuse it for every state (including restored ones) to avoid recompiling.
+    """
+    actor_loss_fn = actor_loss_fn or actor_ppo_loss()
+    extractor_loss_fn = extractor_loss_fn or extractor_cispo_loss()
+    ext_mb = microbatches if extractor_microbatches is None else extractor_microbatches
+
+    def co_update_fn(actor_state, extractor_state, actor_batch, extractor_batch):
+        actor_state, a_met = apply_update(actor_state, actor_batch, actor_loss_fn, microbatches)
+
+        def run(st):
+            return apply_update(st, extractor_batch, extractor_loss_fn, ext_mb)
+
+        def skip(st):
+            shapes = jax.eval_shape(run, st)[1]
+            return st, jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+        ready = jnp.asarray(extractor_batch.ready, bool).reshape(())
+        extractor_state, e_met = jax.lax.cond(ready, run, skip, extractor_state)
+        e_met = dict(e_met, ready=ready.astype(_F32))
+        return actor_state, extractor_state, {**_prefix("actor", a_met), **_prefix("extractor", e_met)}
+
+    fn = chex.assert_max_traces(co_update_fn, n=max_traces) if max_traces else co_update_fn
+    return jax.jit(fn, donate_argnums=(0, 1) if donate else (), compiler_options=compiler_options)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_co_update(actor_loss_cfg, extractor_loss_cfg, microbatches):
+    return make_co_update(actor_ppo_loss(actor_loss_cfg), extractor_cispo_loss(extractor_loss_cfg),
+                          microbatches=microbatches)
+
+
+def co_update(actor_state: TrainState, extractor_state: TrainState, actor_batch: ActorBatch,
+              extractor_batch: ExtractorBatch, *, actor_loss_cfg: PPOLossConfig = PPOLossConfig(),
+              extractor_loss_cfg: CISPOLossConfig = CISPOLossConfig(), microbatches: int = 1):
+    """Convenience entry: the cached compiled `make_co_update` program for these (hashable) configs.
+
+    Donates both input states: do not use them after the call.
+    """
+    fn = _cached_co_update(actor_loss_cfg, extractor_loss_cfg, microbatches)
+    return fn(actor_state, extractor_state, actor_batch, extractor_batch)
