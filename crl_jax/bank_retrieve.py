@@ -67,8 +67,10 @@ def retrieve(bank: "ExperienceBank", query_keys, query_task, rng: Optional[jax.A
     last = bank.last_retrieved_step[cand_idx]
     recent = (last >= 0) & (step - last < recent_steps)
     uses = bank.times_retrieved[cand_idx].astype(jnp.float32)
-    rank = jnp.arange(c, dtype=jnp.float32)[None, :]
-    score = -rank - diversity_lambda * jnp.log1p(uses) - recent.astype(jnp.float32)
+    # rank + recent is an exact small integer, so candidates whose usage is equal tie exactly and the
+    # lower rank wins, independent of float rounding order.
+    int_penalty = jnp.arange(c, dtype=jnp.float32)[None, :] + recent.astype(jnp.float32)
+    score = -int_penalty - diversity_lambda * jnp.log1p(uses)
     score = jnp.where(cand_ok, score, -jnp.inf)
 
     j = min(k + 1, c)  # one extra position so a demoted top-1 has a successor

@@ -1,0 +1,48 @@
+"""Bank inspection at the edge: decode, format, export JSON lines."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+
+from crl_jax import bank as B
+from crl_jax.bank_io import entry_records, export_jsonl, format_entries
+from crl_jax.tokenizers import ByteTokenizer
+
+L = 24
+
+
+def _bank(tok):
+    texts = ["go north", "avoid the trap", "unicode ok: é→"]
+    ids = [tok.encode(t) for t in texts]
+    toks = jnp.array([i + [tok.pad_id] * (L - len(i)) for i in ids], jnp.int32)
+    bank = B.init(4, L, 2)
+    bank, _ = jax.jit(B.add_many)(bank, toks, jnp.array([len(i) for i in ids]), jnp.eye(3, 2), jnp.array([0, 1, 0]),
+                                  2, jnp.array([5, 6, 7]), jnp.ones(3, bool))
+    bank = bank.replace(times_retrieved=jnp.array([1, 4, 4, 0]))
+    bank = B.credit(bank, jnp.array([1, 1, 2]), jnp.ones(3, bool), jnp.array([1.0, -1.0, 1.0]), jnp.ones(3, bool))
+    return B.take_credit(bank)[0]
+
+
+def test_records_and_format():
+    tok = ByteTokenizer()
+    bank = _bank(tok)
+    recs = entry_records(bank, tok)
+    assert [r["text"] for r in recs] == ["go north", "avoid the trap", "unicode ok: é→"]
+    assert [r["reward_mean"] for r in recs] == [None, 0.0, 1.0] and [r["reward_count"] for r in recs] == [0, 2, 1]
+    assert [r["source"] for r in recs] == [5, 6, 7] and recs[0]["created_step"] == 2
+    out = format_entries(bank, tok, top=2)
+    assert out.startswith("experience bank: 3 valid entries of 4 slots (all task families); showing 2")
+    assert out.index("avoid the trap") < out.index("unicode ok") and "go north" not in out  # most retrieved first
+    assert "reward=+0.000 (n=2)" in out
+    only0 = format_entries(bank, tok, task=0)
+    assert "avoid" not in only0 and "go north" in only0 and "2 valid entries" in only0
+
+
+def test_export_jsonl(tmp_path):
+    tok = ByteTokenizer()
+    path = tmp_path / "bank.jsonl"
+    assert export_jsonl(_bank(tok), tok, path) == 3
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert [r["slot"] for r in rows] == [0, 1, 2] and rows[2]["text"] == "unicode ok: é→"
+    assert rows[1]["task"] == 1 and rows[1]["times_retrieved"] == 4

@@ -1,0 +1,138 @@
+"""Extractor sample buffer: slots and ids, overflow accounting, credit routing, pop order, repeat weights."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from crl_jax import buffer as XB
+
+P, R = 2, 3
+_add = jax.jit(XB.add_many)
+_credit = jax.jit(XB.credit)
+_pop = jax.jit(XB.pop_batch, static_argnames=("batch",))
+
+
+def _rows(vals, mask=None):
+    """Rows whose prompt / response tokens and log-probs all equal vals[i]."""
+    v = jnp.asarray(vals, jnp.int32)
+    m = v.shape[0]
+    return (jnp.repeat(v[:, None], P, 1), jnp.full((m,), P), jnp.repeat(v[:, None], R, 1), jnp.full((m,), R),
+            -jnp.repeat(v[:, None], R, 1).astype(jnp.float32) / 10,
+            jnp.ones(m, bool) if mask is None else jnp.asarray(mask))
+
+
+def _add_rows(buf, vals, step, mask=None):
+    p, pl, r, rl, lp, m = _rows(vals, mask)
+    return _add(buf, p, pl, r, rl, lp, step, m)
+
+
+def _credit_ids(buf, ids, rewards, counts=None):
+    e = len(ids)
+    counts = jnp.ones(e, jnp.int32) if counts is None else jnp.asarray(counts, jnp.int32)
+    return _credit(buf, jnp.asarray(ids, jnp.int32), jnp.asarray(rewards, jnp.float32), counts, jnp.ones(e, bool))
+
+
+def test_add_ids_slots_and_overflow():
+    buf = XB.init(3, P, R)
+    buf, ids = _add_rows(buf, [10, 11, 12, 13], step=0, mask=[True, False, True, True])
+    assert ids.tolist() == [0, -1, 1, 2] and int(buf.next_id) == 3
+    assert buf.sample_id.tolist() == [0, 1, 2] and buf.prompt[:, 0].tolist() == [10, 12, 13]
+    # Full: the oldest id is evicted. Sample 0 was never trained -> overflow.
+    buf, ids = _add_rows(buf, [20], step=1)
+    assert ids.tolist() == [3] and buf.sample_id.tolist() == [3, 1, 2] and int(buf.overflow_count) == 1
+    # Sample 1 trained (no pending reward): evicting it is not an overflow.
+    buf = _credit_ids(buf, [1], [1.0])
+    buf, _ = _pop(buf, 1, 2)
+    buf, _ = _add_rows(buf, [21], step=3)
+    assert buf.sample_id.tolist() == [3, 4, 2] and int(buf.overflow_count) == 1
+    # Sample 2 has pending reward: evicting it is an overflow (reward lost).
+    buf = _credit_ids(buf, [2], [1.0])
+    buf, _ = _add_rows(buf, [22], step=4)
+    assert buf.sample_id.tolist() == [3, 4, 5] and int(buf.overflow_count) == 2
+    assert int(buf.created_step[2]) == 4 and int(buf.times_trained[1]) == 0  # slot 1 is the new sample 4
+
+
+def test_credit_routes_by_id_and_ignores_evicted():
+    buf = XB.init(2, P, R)
+    buf, _ = _add_rows(buf, [1, 2, 3], step=0)  # id 0 evicted
+    buf = _credit(buf, jnp.array([0, 1, 2, 1, -1, 7]), jnp.array([1.0, 0.5, -1.0, 1.0, 9.0, 9.0]),
+                  jnp.array([1, 1, 2, 1, 1, 1]), jnp.array([True, True, True, True, True, False]))
+    assert buf.sample_id.tolist() == [2, 1]
+    assert buf.reward_sum.tolist() == [-1.0, 1.5] and buf.reward_count.tolist() == [2, 2]
+    assert buf.total_uses.tolist() == [2, 2]
+    assert int(buf.dropped) == 1  # id 0 (evicted); id -1 and the masked row are not counted
+    assert bool(XB.ready(buf, 2)) and not bool(XB.ready(buf, 3))
+
+
+def test_pop_order_padding_and_marking():
+    buf = XB.init(5, P, R)
+    buf, _ = _add_rows(buf, [10, 11, 12, 13, 14], step=0)
+    buf = _credit_ids(buf, [3, 1, 4, 1], [1.0, -1.0, 0.5, 0.0])
+    buf, out = _pop(buf, 4, 6)
+    assert out["sample_id"].tolist() == [1, 3, 4, -1]  # oldest pending first, padded
+    assert out["valid"].tolist() == [True, True, True, False]
+    np.testing.assert_allclose(out["reward"], [-0.5, 1.0, 0.5, 0.0])
+    assert out["prompt"][:, 0].tolist() == [11, 13, 14, 0] and out["response_len"].tolist() == [R, R, R, 0]
+    np.testing.assert_allclose(out["behavior_logp"][:, 0], [-1.1, -1.3, -1.4, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(out["weight"], [1.0, 1.0, 1.0, 0.0])
+    assert buf.times_trained.tolist() == [0, 1, 0, 1, 1]
+    assert buf.last_trained_step.tolist() == [-1, 6, -1, 6, 6]
+    assert buf.reward_count.tolist() == [0, 0, 0, 0, 0] and buf.reward_sum.tolist() == [0.0] * 5
+    assert bool(buf.valid.all())  # samples stay in the buffer after training
+    assert not bool(XB.ready(buf, 1))
+
+
+def test_repeat_weights_literal():
+    w = XB.repeat_weights(jnp.array([0, 1, 3, 2, 2, 0]), jnp.array([-1, 3, 1, 5, 4, -1]), 5, cooldown=1, power=0.5)
+    np.testing.assert_allclose(w, [1.0, 2 ** -0.5, 0.5, 0.0, 3 ** -0.5, 1.0], rtol=1e-6)
+    w = XB.repeat_weights(jnp.array([1, 1, 1]), jnp.array([3, 2, -1]), 4, cooldown=2, power=1.0)
+    np.testing.assert_allclose(w, [0.0, 0.5, 0.5], rtol=1e-6)  # step - last = 1 < 2: cooling
+
+
+def test_retrained_sample_weights_through_pops():
+    buf = XB.init(3, P, R)
+    buf, _ = _add_rows(buf, [1], step=0)
+    weights = []
+    for step in (2, 2, 3, 5):
+        buf = _credit_ids(buf, [0], [1.0])
+        buf, out = _pop(buf, 1, step)
+        weights.append(float(out["weight"][0]))
+    # times_trained 0 -> w 1; same step again -> cooldown 0; then (1+2)^-0.5; then (1+3)^-0.5
+    np.testing.assert_allclose(weights, [1.0, 0.0, 3 ** -0.5, 0.5], rtol=1e-6)
+    assert int(buf.times_trained[0]) == 4
+
+
+def test_jit_eager_vmap_and_retrace_guard():
+    def script(buf, rewards):
+        p, pl, r, rl, lp, m = _rows([1, 2, 3, 4])
+        buf, ids = XB.add_many(buf, p, pl, r, rl, lp, 0, m)
+        buf = XB.credit(buf, ids, rewards, jnp.ones(4, jnp.int32), jnp.ones(4, bool))
+        return XB.pop_batch(buf, 2, 1)
+
+    buf = XB.init(3, P, R)
+    rewards = jnp.array([1.0, -1.0, 0.5, 0.25])
+    eager = script(buf, rewards)
+    chex.assert_trees_all_close(eager, jax.jit(script)(buf, rewards))
+    assert eager[1]["sample_id"].tolist() == [1, 2]
+    bufs = jax.tree.map(lambda x: jnp.stack([x, x]), buf)
+    rr = jnp.stack([rewards, -rewards])
+    vout = jax.jit(jax.vmap(script))(bufs, rr)
+    chex.assert_trees_all_close(jax.tree.map(lambda x: x[1], vout), jax.jit(script)(buf, -rewards))
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def step_fn(b, step):
+        p, pl, r, rl, lp, m = _rows([5, 6])
+        b, _ = XB.add_many(b, p, pl, r, rl, lp, step, m)
+        return XB.pop_batch(b, 2, step)
+
+    chex.clear_trace_counter()
+    for step in range(3):
+        buf, _ = step_fn(buf, step)
+
+
+def test_bad_batch_raises():
+    with pytest.raises(ValueError):
+        XB.pop_batch(XB.init(2, P, R), 3, 0)
