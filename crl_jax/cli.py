@@ -1,0 +1,155 @@
+"""`crl-jax` command line: train | eval | demo | plot | bank.
+
+    crl-jax train --config experiments/configs/default.yaml [--method M] [--seed N] [--steps N]
+                  [--out DIR] [--resume latest|latest_valid|never] [key=value ...]
+    crl-jax eval DIR                      # evaluate the latest checkpoint of a run folder
+    crl-jax demo [--seeds 3] [--out runs/demo]   # the README's main job: CRL vs GRPO, table + plot
+    crl-jax plot DIR [DIR ...] [--out FILE]
+    crl-jax bank show DIR [--task N] [--top N] | crl-jax bank export DIR --out FILE.jsonl
+
+Errors in the config, checkpoint or run folder exit with status 2 and one line naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+
+def _load_cfg(args, extra_overrides=()):
+    from crl_jax.config import load
+
+    ov = list(args.overrides or []) + list(extra_overrides)
+    for flag in ("method", "seed", "steps"):
+        v = getattr(args, flag, None)
+        if v is not None:
+            ov.append(f"{flag}={v}")
+    return load(args.config, ov)  # no file: the embedded default (Config's defaults)
+
+
+def cmd_train(args):
+    from crl_jax.run import run
+
+    cfg = _load_cfg(args)
+    out = args.out or os.path.join("runs", f"{cfg.method}_seed{cfg.seed}")
+    summary = run(cfg, out, resume=args.resume, progress=not args.quiet)
+    print(json.dumps(summary, indent=2, sort_keys=True))
+
+
+def _restore_run(run_dir):
+    import jax
+
+    from crl_jax import loop
+    from crl_jax.checkpoint import Checkpointer
+    from crl_jax.config import from_dict
+    from crl_jax.runtime import build
+
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{run_dir} is not a run folder (no config.json)")
+    with open(path) as f:
+        d = json.load(f)
+    d.pop("label", None)
+    cfg = from_dict(d)
+    rt = build(cfg)
+    ck = Checkpointer(run_dir)
+    state, step = ck.restore(loop.init_state(rt, jax.random.key(cfg.seed)))
+    return rt, state, step
+
+
+def cmd_eval(args):
+    import jax
+
+    from crl_jax.evaluate import evaluate_all
+
+    rt, state, step = _restore_run(args.run_dir)
+    res = {k: float(v) for k, v in jax.jit(lambda s: evaluate_all(rt, s))(state).items()}
+    print(json.dumps({"step": step, **res}, indent=2, sort_keys=True))
+
+
+def cmd_plot(args):
+    from crl_jax.plot import plot_runs
+
+    out = args.out or os.path.join(args.run_dirs[0], "curves.png")
+    print(plot_runs(args.run_dirs, out))
+
+
+def cmd_bank(args):
+    from crl_jax.bank_io import export_jsonl, format_entries
+    from crl_jax.config import ConfigError
+
+    rt, state, _ = _restore_run(args.run_dir)
+    if args.action == "show":
+        print(format_entries(state.bank, rt.tokenizer, task=args.task, top=args.top))
+    else:
+        if not args.out:
+            raise ConfigError("bank export needs --out FILE.jsonl")
+        export_jsonl(state.bank, rt.tokenizer, args.out)
+        print(args.out)
+
+
+def cmd_demo(args):
+    from crl_jax.demo import demo
+
+    demo(seeds=args.seeds, out=args.out, steps=args.steps, config=args.config, overrides=args.overrides or [])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="crl-jax", description="Complementary RL in JAX")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("train", help="train one run (resumes from the latest checkpoint in --out)")
+    t.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
+    t.add_argument("--method", default=None, choices=["crl", "grpo", "static_online", "offline", "exp_only"])
+    t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--out", default=None, help="run folder (default runs/<method>_seed<seed>)")
+    t.add_argument("--resume", default="latest", choices=["latest", "latest_valid", "never"])
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. actor.lr=1e-3")
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("eval", help="evaluate the latest checkpoint of a run folder")
+    e.add_argument("run_dir")
+    e.set_defaults(fn=cmd_eval)
+
+    d = sub.add_parser("demo", help="the embedded default: CRL vs GRPO over seeds, table and plot")
+    d.add_argument("--seeds", type=int, default=3)
+    d.add_argument("--steps", type=int, default=None)
+    d.add_argument("--out", default="runs/demo")
+    d.add_argument("--config", default=None)
+    d.add_argument("overrides", nargs="*")
+    d.set_defaults(fn=cmd_demo)
+
+    pl = sub.add_parser("plot", help="learning curves of run folders as a PNG")
+    pl.add_argument("run_dirs", nargs="+")
+    pl.add_argument("--out", default=None)
+    pl.set_defaults(fn=cmd_plot)
+
+    b = sub.add_parser("bank", help="inspect the experience bank of a run")
+    b.add_argument("action", choices=["show", "export"])
+    b.add_argument("run_dir")
+    b.add_argument("--task", type=int, default=None)
+    b.add_argument("--top", type=int, default=None)
+    b.add_argument("--out", default=None)
+    b.set_defaults(fn=cmd_bank)
+    return p
+
+
+def main(argv=None):
+    from crl_jax.checkpoint import CheckpointError
+    from crl_jax.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except (ConfigError, CheckpointError, FileNotFoundError) as e:
+        print(f"crl-jax: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""Typed run configuration: frozen dataclasses, YAML files, dotted command-line overrides, validation.
+
+A run is described by one `Config`. Files are YAML with the same nesting as the dataclasses; any field
+can be overridden on the command line as `section.field=value` (values parsed as YAML scalars). Unknown
+keys, wrong types and out-of-range values raise `ConfigError` naming the dotted key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the dotted key."""
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str = "room"  # built-in env (room | maze | keyroom | sokoban | frozen_lake) or a host adapter
+    params: dict = field(default_factory=lambda: {"dark": True})  # keyword arguments of envs.make
+    num_train_tasks: int = 32  # size of the training pool of levels (held-in evaluation uses it too)
+    num_eval_tasks: int = 32  # size of the disjoint held-out pool
+    pool_seed: int = 0  # seed of the level pools (fixed across training seeds: same levels)
+    max_turns: int = 20  # turns per episode (capped by the env's own max_steps)
+    task_ids_in_text: bool = True  # task text names the level ("Level 7: ..."), the retrieval anchor
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    preset: str = "tiny"  # "tiny" (from scratch) or a path to a HF folder / .gguf file
+    hidden_size: int = 64  # tiny preset only: width
+    num_layers: int = 2  # tiny preset only: blocks
+    num_heads: int = 4  # tiny preset only: query heads
+    num_kv_heads: int = 2  # tiny preset only: key/value heads
+    intermediate_size: int = 128  # tiny preset only: MLP width
+    dtype: str = "float32"  # parameter dtype: float32 | bfloat16
+    lr: float = 3e-4  # AdamW learning rate (constant); paper uses 1e-6 for 7B/4B LLMs
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # global-norm gradient clip
+    temperature: float = 1.0  # sampling temperature during training rollouts
+    init_seed: int = 0  # offset of the parameter-init key (fold-in of the run key)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    groups: int = 4  # G: task instances per step
+    group_size: int = 8  # K: rollouts per instance (K/2 guided, K/2 free when split)
+    history: Literal["current", "full"] = "current"  # prompt holds only the current obs, or the whole episode
+    action_format: Literal["constrained", "free_text"] = "constrained"  # one action token, or <answer>..</answer>
+    max_action_tokens: int = 1  # tokens generated per turn (free text needs more)
+    turn_marker: bool = True  # put "t=N" in the per-turn prompt (current history has no other clock)
+
+
+@dataclass(frozen=True)
+class BankConfig:
+    capacity: int = 512  # entries (paper: 20,000), FIFO eviction by default
+    entry_len: int = 16  # max tokens of one entry
+    embedder: Literal["hashed", "minilm", "lm"] = "hashed"  # query/key embedder
+    key_dim: int = 64  # embedding width (hashed embedder; MiniLM is 384)
+    top_k: int = 1  # entries retrieved per guided rollout
+    candidates: int = 16  # C: cosine candidates before diversity rescoring
+    diversity_lambda: float = 0.4  # lambda in s = -rank - lambda*log(1+times_retrieved) - recent
+    recent_steps: int = 1  # an entry retrieved within this many steps counts as recent
+    demote_p: float = 0.5  # probability of demoting a recent top-1
+    eviction: Literal["fifo", "lru", "random"] = "fifo"  # what a full bank overwrites
+    warmup_steps: int = 0  # steps before retrieval starts (paper: 5)
+    offline_path: str = ""  # method=offline: JSON-lines bank file to load (from `crl-jax bank export`)
+
+
+@dataclass(frozen=True)
+class ExtractorConfig:
+    batch: int = 32  # B_phi: samples per extractor update (paper: 64)
+    buffer_capacity: int = 256  # sample buffer size (> batch); overflow is counted
+    cooldown: int = 1  # delta: no retraining within this many steps
+    power: float = 0.5  # alpha: repeat weight (1 + times_trained)^-alpha
+    eps_low: float = 0.1  # CISPO clip low
+    eps_high: float = 0.1  # CISPO clip high
+    distill: Literal["all", "guided_only"] = "all"  # which episodes are distilled
+    reward: Literal["outcome", "relative_to_free"] = "outcome"  # extractor reward variant
+    max_new_tokens: int = 16  # response budget (op token + entry)
+    prompt_len: int = 160  # distillation prompt budget (trajectory truncated from the left)
+    temperature: float = 1.0  # sampling temperature of the extractor
+    merge: bool = True  # periodic merge of the bank
+    merge_every: int = 5  # steps between merges
+    merge_chunk: int = 5  # entries per merge prompt
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    advantage: Literal["split", "cross_group"] = "split"  # per-subgroup (paper Eq. 5) or whole-group norm
+    normalize: Literal["mean_std", "mean"] = "mean_std"  # (r-mean)/std or r-mean
+    group_split: bool = True  # K/2 guided + K/2 free; False: every rollout guided
+    clip_eps: float = 0.2  # PPO clip
+    ratio: Literal["token", "sequence"] = "token"  # importance-ratio level
+    aggregation: Literal["seq_mean_token_mean", "token_mean"] = "seq_mean_token_mean"
+    microbatches: int = 1  # gradient accumulation chunks
+    turn_rows: int = 128  # actor rows (played turns) drawn per update; 0 = every turn of every episode
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 10  # steps between evaluations (0: only at the end)
+    tasks: int = 32  # tasks evaluated per pool (held-in: first N train tasks; held-out: first N eval tasks)
+    greedy: bool = True  # greedy actions at evaluation
+
+
+@dataclass(frozen=True)
+class Config:
+    method: Literal["crl", "grpo", "static_online", "offline", "exp_only"] = "crl"  # METHOD.md §4
+    seed: int = 0  # run key = jax.random.key(seed)
+    steps: int = 40  # training iterations
+    env: EnvConfig = field(default_factory=EnvConfig)
+    actor: ModelConfig = field(default_factory=ModelConfig)
+    extractor: ModelConfig = field(default_factory=lambda: ModelConfig(init_seed=1))
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    bank: BankConfig = field(default_factory=BankConfig)
+    extraction: ExtractorConfig = field(default_factory=ExtractorConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint_every: int = 10  # steps between Orbax checkpoints (and always at the end)
+    keep_checkpoints: int = 3  # how many checkpoints to keep
+
+    # Derived switches of the methods (METHOD.md §4).
+    @property
+    def uses_bank(self) -> bool:
+        return self.method != "grpo"
+
+    @property
+    def trains_actor(self) -> bool:
+        return self.method != "exp_only"
+
+    @property
+    def trains_extractor(self) -> bool:
+        return self.method in ("crl", "exp_only")
+
+    @property
+    def edits_bank(self) -> bool:
+        return self.method in ("crl", "static_online", "exp_only")
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading, overriding, validating
+
+
+def _check_value(path: str, tp: Any, value: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{path}: {value!r} is not one of {list(typing.get_args(tp))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errs = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _check_value(path, a, value)
+            except ConfigError as e:
+                errs.append(str(e))
+        raise ConfigError(errs[0] if errs else f"{path}: bad value {value!r}")
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "2e-3" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{path}: expected a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return value
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    return value
+
+
+def _build(cls, data: Any, prefix: str = ""):
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kw = {}
+    for k, v in data.items():
+        path = f"{prefix}.{k}" if prefix else k
+        if k not in names:
+            raise ConfigError(f"unknown config key {path!r}; known keys here: {sorted(names)}")
+        kw[k] = _check_value(path, hints[k], v)
+    return cls(**kw)
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict) -> Config:
+    cfg = _build(Config, data)
+    validate(cfg)
+    return cfg
+
+
+def _set_dotted(d: dict, key: str, value: Any):
+    parts = key.split(".")
+    cur = d
+    for p in parts[:-1]:
+        if p not in cur or not isinstance(cur[p], dict):
+            cur[p] = {} if p not in cur else cur[p]
+            if not isinstance(cur[p], dict):
+                raise ConfigError(f"{key}: {p!r} is not a section")
+        cur = cur[p]
+    cur[parts[-1]] = value
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """["actor.lr=1e-3", "env.params.dark=false"] -> nested dict (values parsed as YAML scalars)."""
+    out: dict = {}
+    for it in items:
+        if "=" not in it:
+            raise ConfigError(f"override {it!r} is not of the form key=value")
+        k, v = it.split("=", 1)
+        k = k.strip()
+        if not k:
+            raise ConfigError(f"override {it!r} has an empty key")
+        _set_dotted(out, k, yaml.safe_load(v) if v.strip() else "")
+    return out
+
+
+def _deep_merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "params":
+            out[k] = _deep_merge(out[k], v)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = {**out[k], **v}
+        else:
+            out[k] = v
+    return out
+
+
+def load(path: str | None = None, overrides: list[str] | dict | None = None) -> Config:
+    """Config from an optional YAML file plus overrides; validated."""
+    data: dict = {}
+    if path:
+        try:
+            with open(path) as f:
+                data = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    if overrides:
+        ov = parse_overrides(overrides) if isinstance(overrides, list) else overrides
+        data = _deep_merge(data, ov)
+    return from_dict(data)
+
+
+def validate(cfg: Config) -> None:
+    """Range checks that types alone cannot express."""
+
+    def need(cond, key, msg):
+        if not cond:
+            raise ConfigError(f"{key}: {msg}")
+
+    need(cfg.steps >= 0, "steps", "must be >= 0")
+    need(cfg.rollout.groups >= 1, "rollout.groups", "must be >= 1")
+    need(cfg.rollout.group_size >= 2, "rollout.group_size", "must be >= 2 (GRPO needs a group)")
+    if cfg.loss.group_split and cfg.uses_bank:
+        need(cfg.rollout.group_size % 2 == 0, "rollout.group_size", "must be even when loss.group_split is on")
+    need(cfg.env.max_turns >= 1, "env.max_turns", "must be >= 1")
+    need(cfg.env.num_train_tasks >= 1, "env.num_train_tasks", "must be >= 1")
+    need(cfg.env.num_eval_tasks >= 1, "env.num_eval_tasks", "must be >= 1")
+    need(cfg.bank.capacity >= 1, "bank.capacity", "must be >= 1")
+    need(cfg.bank.entry_len >= 1, "bank.entry_len", "must be >= 1")
+    need(cfg.bank.top_k == 1, "bank.top_k", "only top_k=1 is supported by the rollout prompt (paper: K_r=1)")
+    need(cfg.bank.candidates >= cfg.bank.top_k, "bank.candidates", "must be >= bank.top_k")
+    need(0.0 <= cfg.bank.demote_p <= 1.0, "bank.demote_p", "must be in [0, 1]")
+    need(cfg.extraction.buffer_capacity > cfg.extraction.batch, "extraction.buffer_capacity",
+         "must be larger than extraction.batch")
+    need(cfg.extraction.batch >= 1, "extraction.batch", "must be >= 1")
+    need(cfg.extraction.merge_every >= 1, "extraction.merge_every", "must be >= 1")
+    need(cfg.extraction.merge_chunk >= 1, "extraction.merge_chunk", "must be >= 1")
+    need(cfg.extraction.max_new_tokens >= 2, "extraction.max_new_tokens", "must be >= 2 (op token + entry)")
+    need(cfg.eval.every >= 0, "eval.every", "must be >= 0")
+    need(cfg.eval.tasks >= 1, "eval.tasks", "must be >= 1")
+    need(cfg.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
+    need(cfg.loss.microbatches >= 1, "loss.microbatches", "must be >= 1")
+    need(cfg.loss.turn_rows >= 0, "loss.turn_rows", "must be >= 0")
+    need(cfg.loss.turn_rows % cfg.loss.microbatches == 0, "loss.turn_rows", "must be divisible by loss.microbatches")
+    for name in ("actor", "extractor"):
+        m = getattr(cfg, name)
+        need(m.lr > 0, f"{name}.lr", "must be > 0")
+        need(m.temperature >= 0, f"{name}.temperature", "must be >= 0")
+        need(m.dtype in ("float32", "bfloat16"), f"{name}.dtype", "must be float32 or bfloat16")
+    if cfg.method == "offline":
+        need(bool(cfg.bank.offline_path), "bank.offline_path", "method=offline needs a bank file")

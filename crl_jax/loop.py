@@ -1,0 +1,212 @@
+"""The Complementary RL loop: `LoopState`, one compiled `iteration`, and the pure `train`.
+
+`iteration(rt, state) -> (state, metrics)` is METHOD.md §2 as one pure function:
+
+ 1. sample G training tasks, K rollouts each; the first K/2 of a group are guided (retrieve one entry),
+    the rest free (never see bank content); GRPO and warm-up steps have no guided rollouts;
+ 2. query = hashed embedding of the task text + first observation; retrieval with diversity re-ranking;
+ 3. multi-turn rollouts (`crl_jax.rollout.play`);
+ 4. extractor credit: each guided outcome (+1/-1) goes to the entry that guided it, and the per-entry
+    reward to the extractor sample that last wrote the entry (before this step's edits);
+ 5. distillation of every (or every guided) episode and bank edits in a fixed order;
+ 6. actor batch (split GRPO) and extractor batch (CISPO, when the buffer holds a ready batch), one
+    `co_update`;
+ 7. merge every `merge_every` steps.
+
+`train(cfg, key)` = init + `lax.scan(iteration)`; `jax.vmap(lambda k: train(cfg, k)[1])(keys)` runs a seed
+sweep as one program. The CLI runs the same `iteration` in scanned chunks between checkpoints, so a
+resumed run is identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from crl_jax import bank as bank_lib
+from crl_jax import buffer as buffer_lib
+from crl_jax import losses, rewards
+from crl_jax import train_state as ts
+from crl_jax.batches import actor_batch, extractor_batch
+from crl_jax.distill import distill
+from crl_jax.evaluate import evaluate_all
+from crl_jax.merge_step import maybe_merge, merge_prompt_len, merge_response_len
+from crl_jax.models import transformer as tr
+from crl_jax.packing import pack_segments
+from crl_jax.rollout import first_observation, play
+from crl_jax.runtime import Runtime
+
+
+@struct.dataclass
+class LoopState:
+    actor: ts.TrainState
+    extractor: ts.TrainState
+    bank: bank_lib.ExperienceBank
+    buffer: buffer_lib.SampleBuffer
+    key: jax.Array
+    step: jax.Array  # [] int32 iterations done
+    env_steps: jax.Array  # [] int32 environment steps taken so far (training rollouts)
+
+
+def init_state(rt: Runtime, key) -> LoopState:
+    cfg = rt.cfg
+    k_run, k_a, k_e = jax.random.split(key, 3)
+    actor = tr.create(rt.actor_config, jax.random.fold_in(k_a, cfg.actor.init_seed))
+    extractor = tr.create(rt.extractor_config, jax.random.fold_in(k_e, cfg.extractor.init_seed))
+    tx_a = ts.make_optimizer(lr=cfg.actor.lr, weight_decay=cfg.actor.weight_decay, grad_clip=cfg.actor.grad_clip)
+    tx_e = ts.make_optimizer(lr=cfg.extractor.lr, weight_decay=cfg.extractor.weight_decay,
+                             grad_clip=cfg.extractor.grad_clip)
+    resp_len, prompt_len = cfg.extraction.max_new_tokens, cfg.extraction.prompt_len
+    if cfg.edits_bank and cfg.extraction.merge:  # merge generations share the buffer
+        resp_len, prompt_len = max(resp_len, merge_response_len(cfg)), max(prompt_len, merge_prompt_len(rt))
+    return LoopState(
+        actor=ts.create_train_state(actor, tx_a),
+        extractor=ts.create_train_state(extractor, tx_e),
+        bank=bank_lib.init(cfg.bank.capacity, cfg.bank.entry_len, cfg.bank.key_dim),
+        buffer=buffer_lib.init(cfg.extraction.buffer_capacity, prompt_len, resp_len),
+        key=k_run, step=jnp.int32(0), env_steps=jnp.int32(0))
+
+
+def query_keys(rt: Runtime, env, renderer, key, tasks, task_tokens, task_len):
+    """Retrieval queries [N, D]: embedding of task text + first observation (one key space for all)."""
+    obs, obs_len = first_observation(env, renderer, key, tasks)
+    q, q_len = jax.vmap(lambda a, b, c, d: pack_segments([(a, b), (c, d)]))(task_tokens, task_len, obs, obs_len)
+    return rt.embedder(q, q_len)
+
+
+def guided_mask(rt: Runtime, step) -> jax.Array:
+    """[G, K] bool: which rollouts retrieve experience this step."""
+    cfg = rt.cfg
+    G, K = cfg.rollout.groups, cfg.rollout.group_size
+    if not cfg.uses_bank:
+        return jnp.zeros((G, K), bool)
+    half = jnp.arange(K) < (K // 2 if cfg.loss.group_split else K)
+    return jnp.broadcast_to(half, (G, K)) & (step >= cfg.bank.warmup_steps)
+
+
+def retrieve_entries(rt: Runtime, bank, key, step, q, guided, *, diverse: bool = True):
+    """-> (bank, slots [N], exp [N, L], exp_len [N], has_exp [N]) for a flat guided mask [N]."""
+    b = rt.cfg.bank
+    kw = dict(diversity_lambda=b.diversity_lambda, recent_steps=b.recent_steps, demote_p=b.demote_p) if diverse \
+        else dict(diversity_lambda=0.0, recent_steps=0, demote_p=0.0)
+    bank, slots, found = bank_lib.retrieve(bank, q, jnp.zeros(q.shape[:1], jnp.int32), key, step, top_k=1,
+                                           candidates=b.candidates, query_mask=guided, **kw)
+    slot, has = slots[:, 0], found[:, 0] & guided
+    safe = jnp.maximum(slot, 0)
+    exp = jnp.where(has[:, None], bank.tokens[safe], 0)
+    exp_len = jnp.where(has, bank.lengths[safe], 0)
+    return bank, jnp.where(has, slot, -1), exp, exp_len, has
+
+
+def iteration(rt: Runtime, state: LoopState):
+    cfg = rt.cfg
+    G, K = cfg.rollout.groups, cfg.rollout.group_size
+    N = G * K
+    k_task, k_roll, k_ret, k_ext, k_merge, k_rows = jax.random.split(jax.random.fold_in(state.key, state.step), 6)
+    step = state.step
+
+    # 1-2. tasks, split, retrieval
+    tasks = jnp.repeat(jax.random.randint(k_task, (G,), 0, rt.env.num_tasks), K)
+    task_tokens, task_len = rt.train_task_tokens[tasks], rt.train_task_len[tasks]
+    guided = guided_mask(rt, step).reshape(N)
+    q = query_keys(rt, rt.env, rt.renderer, k_roll, tasks, task_tokens, task_len)
+    bank, slots, exp, exp_len, has_exp = retrieve_entries(rt, state.bank, k_ret, step, q, guided)
+
+    # 3. rollouts
+    ep = play(state.actor.graphdef, state.actor.params, rt.env, rt.renderer, rt.seg, rt.action_ids, k_roll,
+              tasks=tasks, task_tokens=task_tokens, task_len=task_len, exp=exp, exp_len=exp_len, has_exp=has_exp,
+              num_turns=rt.num_turns, temperature=cfg.actor.temperature, turn_marker=cfg.rollout.turn_marker)
+    success = ep.success.astype(jnp.float32)
+
+    # 4. extractor credit, before this step's edits change any entry's source
+    entry_ids = jnp.where(has_exp, slots, -1)
+    er = rewards.entry_rewards(cfg.extraction.reward, success, entry_ids, cfg.bank.capacity,
+                               guided=guided.reshape(G, K))
+    bank = bank_lib.credit(bank, slots, has_exp, 2.0 * success - 1.0, has_exp)
+    bank, _, _, _ = bank_lib.take_credit(bank)
+    credited = er.count > 0
+    buffer = buffer_lib.credit(state.buffer, bank.source, er.mean, jnp.ones_like(er.count), credited & (bank.source >= 0))
+
+    # 5. distillation
+    n_add = n_upd = n_ret = n_inv = jnp.int32(0)
+    if cfg.edits_bank:
+        mask = has_exp if cfg.extraction.distill == "guided_only" else jnp.ones((N,), bool)
+        d = distill(rt, bank, buffer, state.extractor.params, k_ext, step, task_tokens=task_tokens,
+                    task_len=task_len, episodes=ep, keys=q, exp=exp, exp_len=exp_len, has_exp=has_exp,
+                    slots=slots, mask=mask)
+        bank, buffer = d.bank, d.buffer
+        n_add, n_upd, n_ret, n_inv = d.n_add, d.n_update, d.n_return, d.n_invalid
+
+    # 6. one co-update
+    ab, a_metrics = actor_batch(rt, ep, guided.reshape(G, K), k_rows)
+    ready = buffer_lib.ready(buffer, cfg.extraction.batch) & cfg.trains_extractor
+    popped, eb = extractor_batch(rt, buffer, step, ready)
+    buffer = popped
+    ab = ab if cfg.trains_actor else ab.replace(weight=jnp.zeros_like(ab.weight))
+    actor, extractor, u_metrics = rt.co_update(state.actor, state.extractor, ab, eb)
+
+    # 7. merge
+    bank, buffer, n_merged = maybe_merge(rt, bank, buffer, extractor.params, k_merge, step)
+
+    metrics = {
+        "success_guided": _masked_mean(success, guided),
+        "success_free": _masked_mean(success, ~guided),
+        "success_all": success.mean(),
+        "retrieved_frac": _masked_mean(has_exp.astype(jnp.float32), guided),
+        "episode_turns": ep.turns.astype(jnp.float32).mean(),
+        "bank_size": bank_lib.size(bank).astype(jnp.float32),
+        "extractor_reward_mean": jnp.where(credited.any(), jnp.sum(jnp.where(credited, er.mean, 0.0))
+                                           / jnp.maximum(credited.sum(), 1), jnp.nan),
+        "extractor_ready": ready.astype(jnp.float32),
+        "ops_add": n_add.astype(jnp.float32), "ops_update": n_upd.astype(jnp.float32),
+        "ops_return": n_ret.astype(jnp.float32), "ops_invalid": n_inv.astype(jnp.float32),
+        "merged_entries": n_merged.astype(jnp.float32),
+        "buffer_overflow": buffer.overflow_count.astype(jnp.float32),
+        **a_metrics, **u_metrics,
+    }
+    env_steps = state.env_steps + ep.turns.sum().astype(jnp.int32)
+    metrics["env_steps"] = env_steps.astype(jnp.float32)
+    new = LoopState(actor=actor, extractor=extractor, bank=bank, buffer=buffer, key=state.key, step=step + 1,
+                    env_steps=env_steps)
+    return new, metrics
+
+
+def _masked_mean(x, m):
+    m = m.astype(jnp.float32)
+    return jnp.where(m.sum() > 0, jnp.sum(x * m) / jnp.maximum(m.sum(), 1.0), jnp.nan)
+
+
+EVAL_KEYS = ("eval_heldin_with_exp", "eval_heldin_without_exp", "eval_heldout_with_exp", "eval_heldout_without_exp")
+
+
+def step_with_eval(rt: Runtime, state: LoopState):
+    """iteration, then (every eval.every steps and at the last step) the four evaluations; NaN otherwise."""
+    state, m = iteration(rt, state)
+    every, last = rt.cfg.eval.every, rt.cfg.steps
+    due = (state.step == last) if every == 0 else ((state.step % every == 0) | (state.step == last))
+    nan = {k: jnp.float32(jnp.nan) for k in EVAL_KEYS}
+    ev = jax.lax.cond(due, lambda s: evaluate_all(rt, s), lambda s: nan, state)
+    return state, {**m, **ev}
+
+
+def run_steps(rt: Runtime, state: LoopState, num_steps: int):
+    """`num_steps` iterations as one `lax.scan` -> (state, metrics with a leading [num_steps] axis)."""
+    return jax.lax.scan(lambda s, _: step_with_eval(rt, s), state, None, length=num_steps)
+
+
+def train(cfg_or_rt, key):
+    """Pure run: init + scan over all steps -> (final LoopState, metrics [steps]). jit/vmap-able in `key`."""
+    from crl_jax.runtime import build
+
+    rt = cfg_or_rt if isinstance(cfg_or_rt, Runtime) else build(cfg_or_rt)
+    state = init_state(rt, key)
+    return run_steps(rt, state, rt.cfg.steps)
+
+
+@functools.lru_cache(maxsize=8)
+def compiled_chunk(rt: Runtime, num_steps: int):
+    """A jitted `run_steps` for a fixed chunk length (the CLI's unit between checkpoints)."""
+    return jax.jit(lambda s: run_steps(rt, s, num_steps), donate_argnums=(0,))

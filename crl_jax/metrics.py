@@ -1,0 +1,126 @@
+"""Metric rows -> `metrics.csv`, TensorBoard event files, `summary.json`, and learning-curve plots.
+
+Compiled code returns metrics as a dict of arrays with a leading step axis; this module is the host
+side. Values that do not exist for a method (NaN) are written as empty CSV cells. Floats are written
+with 7 significant digits so the same run gives a byte-identical file.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+import numpy as np
+
+COLUMNS = ("step", "env_steps", "success_guided", "success_free", "eval_heldin_with_exp", "eval_heldin_without_exp",
+           "eval_heldout_with_exp", "eval_heldout_without_exp", "bank_size", "extractor_reward_mean", "actor_loss",
+           "extractor_loss")
+EXTRA = ("success_all", "retrieved_frac", "episode_turns", "ops_add", "ops_update", "ops_return", "ops_invalid",
+         "merged_entries", "buffer_overflow", "extractor_ready", "adv_abs_mean", "actor/clip_frac",
+         "actor/approx_kl", "actor/entropy", "extractor/ratio_mean", "actor/nonfinite", "extractor/nonfinite")
+ALL_COLUMNS = COLUMNS + EXTRA
+
+
+def rows_from_chunk(metrics: dict, first_step: int) -> list[dict]:
+    """Stacked metrics {name: [S]} of steps first_step+1 .. first_step+S -> list of row dicts."""
+    m = {k: np.asarray(v) for k, v in metrics.items()}
+    n = len(next(iter(m.values())))
+    rows = []
+    for i in range(n):
+        row = {"step": first_step + i + 1}
+        for k, v in m.items():
+            row[k] = float(v[i])
+        row["actor_loss"] = row.get("actor/loss", float("nan"))
+        ready = row.get("extractor_ready", 0.0) > 0
+        row["extractor_loss"] = row.get("extractor/loss", float("nan")) if ready else float("nan")
+        rows.append(row)
+    return rows
+
+
+def _fmt(v) -> str:
+    if isinstance(v, int):
+        return str(v)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if float(v).is_integer() and abs(v) < 1e15:
+        return str(int(v))
+    return f"{v:.7g}"
+
+
+class MetricsWriter:
+    """Appends rows to RUN_DIR/metrics.csv (and TensorBoard) and can truncate after a resume."""
+
+    def __init__(self, run_dir: str, tensorboard: bool = True):
+        self.path = os.path.join(run_dir, "metrics.csv")
+        self._tb = None
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter
+
+                self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+            except ImportError:  # optional at run time; the dependency is in core
+                self._tb = None
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows of steps > `step` (written before a crash but not covered by a checkpoint)."""
+        if not os.path.exists(self.path):
+            return
+        rows = read_csv(self.path)
+        keep = [r for r in rows if int(r["step"]) <= step]
+        with open(self.path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(ALL_COLUMNS)
+            for r in keep:
+                w.writerow([r.get(c, "") for c in ALL_COLUMNS])
+
+    def write(self, rows: list[dict]) -> None:
+        new = not os.path.exists(self.path)
+        with open(self.path, "a", newline="") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(ALL_COLUMNS)
+            for r in rows:
+                w.writerow([_fmt(r.get(c, float("nan"))) for c in ALL_COLUMNS])
+        if self._tb is not None:
+            for r in rows:
+                for c in ALL_COLUMNS[1:]:
+                    v = r.get(c)
+                    if v is not None and not (isinstance(v, float) and math.isnan(v)):
+                        self._tb.add_scalar(c, v, r["step"])
+            self._tb.flush()
+
+    def close(self):
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_csv(path: str) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def column(rows: list[dict], name: str) -> np.ndarray:
+    return np.array([float(r[name]) if r.get(name, "") != "" else np.nan for r in rows])
+
+
+def summary_from_rows(rows: list[dict]) -> dict:
+    """Final evaluation (last row with evaluations) plus last-10-step training success."""
+    out: dict = {}
+    ev = [r for r in rows if r.get("eval_heldin_without_exp", "") != ""]
+    last = ev[-1] if ev else (rows[-1] if rows else {})
+    for c in COLUMNS:
+        v = last.get(c, "")
+        out[c] = float(v) if v not in ("", None) else None
+    tail = rows[-10:]
+    for c in ("success_guided", "success_free", "success_all"):
+        vals = column(tail, c) if tail else np.array([])
+        vals = vals[~np.isnan(vals)]
+        out[f"{c}_last10"] = float(vals.mean()) if len(vals) else None
+    return out
+
+
+def write_summary(run_dir: str, summary: dict) -> None:
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)

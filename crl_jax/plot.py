@@ -1,0 +1,88 @@
+"""Learning curves of one or more runs as a PNG (`crl-jax plot DIR [DIR ...] --out FILE`).
+
+Runs are grouped by label (the run's method, or the parent folder name when several seeds sit in one
+folder each): a group's curve is the mean over its runs with a 95% interval band (t-interval over seeds).
+Panels: training success of guided and free rollouts, evaluation with and without experience (held-in
+and held-out), bank size, extractor reward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+
+import numpy as np
+
+from crl_jax.metrics import column, read_csv
+
+PANELS = (
+    ("success_guided", "train success, guided"),
+    ("success_free", "train success, free"),
+    ("eval_heldin_with_exp", "held-in eval, with experience"),
+    ("eval_heldin_without_exp", "held-in eval, without experience"),
+    ("eval_heldout_with_exp", "held-out eval, with experience"),
+    ("eval_heldout_without_exp", "held-out eval, without experience"),
+    ("bank_size", "bank size"),
+    ("extractor_reward_mean", "extractor reward"),
+)
+T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+def t_interval(x: np.ndarray) -> tuple[float, float]:
+    """Mean and 95% half-width over the first axis (nan-aware; 0 width for one value)."""
+    x = x[~np.isnan(x)]
+    if len(x) == 0:
+        return np.nan, np.nan
+    if len(x) == 1:
+        return float(x[0]), 0.0
+    t = T975.get(len(x) - 1, 1.96)
+    return float(x.mean()), float(t * x.std(ddof=1) / np.sqrt(len(x)))
+
+
+def run_label(run_dir: str) -> str:
+    cfg = os.path.join(run_dir, "config.json")
+    if os.path.exists(cfg):
+        with open(cfg) as f:
+            c = json.load(f)
+        return c.get("label") or c.get("method", os.path.basename(run_dir))
+    return os.path.basename(os.path.normpath(run_dir))
+
+
+def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[list[dict]]] = defaultdict(list)
+    for d in run_dirs:
+        path = os.path.join(d, "metrics.csv")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no metrics.csv in run folder {d!r}")
+        groups[run_label(d)].append(read_csv(path))
+    fig, axes = plt.subplots(2, 4, figsize=(18, 7.5))
+    for ax, (col, title) in zip(axes.flat, PANELS):
+        for label, runs in sorted(groups.items()):
+            n = min(len(r) for r in runs)
+            steps = column(runs[0][:n], "step")
+            vals = np.stack([column(r[:n], col) for r in runs])  # [seeds, steps]
+            keep = ~np.all(np.isnan(vals), axis=0)
+            if not keep.any():
+                continue
+            steps, vals = steps[keep], vals[:, keep]
+            if smooth > 1 and col.startswith("success"):
+                k = np.ones(smooth) / smooth
+                vals = np.stack([np.convolve(np.nan_to_num(v), k, mode="same") for v in vals])
+            stats = np.array([t_interval(vals[:, i]) for i in range(vals.shape[1])])
+            ax.plot(steps, stats[:, 0], label=f"{label} (n={len(runs)})", marker="o" if len(steps) < 12 else None)
+            ax.fill_between(steps, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], alpha=0.2)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

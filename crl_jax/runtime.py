@@ -1,0 +1,173 @@
+"""Static parts of a run, built once on the host from a `Config`.
+
+The compiled loop closes over a `Runtime`: environments (train and held-out pools), the tokenizer, the
+token renderer, fixed prompt pieces as token arrays, action/op token tables, model graph definitions and
+the embedder. Nothing here is traced; everything the loop carries lives in `LoopState`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from crl_jax import envs
+from crl_jax.config import Config, ConfigError, to_dict
+from crl_jax.envs.actions import action_allowed_mask, action_token_ids, tiny_tokenizer
+from crl_jax.envs.render import make_token_renderer
+from crl_jax import train_state as ts
+from crl_jax.constrained_losses import actor_turn_loss, extractor_constrained_loss
+from crl_jax.models import transformer as tr
+from crl_jax.models.embed import HashedNgramEmbedder
+from crl_jax.rollout import Segments
+
+OPS = ("<ADD>", "<UPDATE>", "<RETURN>")
+
+
+def _pad_rows(rows: list[list[int]], width: int | None = None, pad: int = 0):
+    width = width or max(1, max(len(r) for r in rows))
+    out = np.full((len(rows), width), pad, np.int32)
+    for i, r in enumerate(rows):
+        if len(r) > width:
+            raise ValueError(f"token row of length {len(r)} exceeds width {width}")
+        out[i, : len(r)] = r
+    return jnp.asarray(out), jnp.asarray([len(r) for r in rows], jnp.int32)
+
+
+def _one(tok, text):
+    ids = tok.encode(text)
+    return jnp.asarray(ids if ids else [0], jnp.int32), jnp.int32(len(ids))
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: the compiled-chunk cache key
+class Runtime:
+    cfg: Config
+    tokenizer: Any
+    env: Any  # training pool
+    eval_env: Any  # held-out pool
+    renderer: Any
+    eval_renderer: Any
+    seg: Segments
+    action_ids: jax.Array  # [A] token of each action
+    op_ids: jax.Array  # [3] tokens of <ADD>, <UPDATE>, <RETURN>
+    train_task_tokens: jax.Array  # [num_train_tasks, Lt]
+    train_task_len: jax.Array
+    eval_task_tokens: jax.Array  # [num_eval_tasks, Lt]
+    eval_task_len: jax.Array
+    distill: dict  # token pieces of the distillation prompt: header, success, failure
+    merge_pieces: dict  # token pieces of the merge prompt: header, sep, context, entries, suffix
+    actor_graphdef: Any
+    extractor_graphdef: Any
+    actor_config: tr.TransformerConfig
+    extractor_config: tr.TransformerConfig
+    embedder: Any
+    num_turns: int
+    co_update: Any  # the (actor, extractor) update of train_state.make_co_update
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def response_masks(self) -> tuple[jax.Array, jax.Array]:
+        """Extractor responses (distillation and merge): first token an operation, then actions,
+        operations (each starts / ends an entry) or EOS -> (first [V], rest [V]) bool."""
+        return response_masks(self.vocab_size, self.op_ids, self.action_ids, self.tokenizer.eos_id)
+
+    def response_allowed(self, num_tokens: int) -> jax.Array:
+        """[num_tokens, V] per-step mask for the sampler."""
+        first, rest = self.response_masks()
+        return jnp.concatenate([first[None], jnp.broadcast_to(rest, (num_tokens - 1, first.shape[0]))], 0)
+
+
+def response_masks(vocab_size, op_ids, action_ids, eos_id):
+    """(first [V], rest [V]) bool masks of extractor responses (see `Runtime.response_masks`)."""
+    first = jnp.zeros((vocab_size,), bool).at[op_ids].set(True)
+    return first, first.at[action_ids].set(True).at[eos_id].set(True)
+
+
+def _model_config(m, vocab_size) -> tr.TransformerConfig:
+    if m.preset != "tiny":
+        raise ConfigError(f"preset {m.preset!r}: the built-in loop supports preset=tiny; pretrained presets "
+                          "run through crl_jax.llm (see experiments/configs/smollm2_room.yaml)")
+    return tr.tiny_config(vocab_size, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
+                          num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size, param_dtype=m.dtype)
+
+
+def task_text(env, index: int, pool: str, with_id: bool) -> str:
+    base = env.task_text
+    return f"Level {pool}{index}: {base}\n" if with_id else f"{base}\n"
+
+
+_CACHE: dict[str, Runtime] = {}
+
+
+def build(cfg: Config) -> Runtime:
+    """The Runtime of a config, cached by everything but the seed (seeds share compiled programs;
+    `rt.cfg.seed` is normalised to 0 — the seed only enters through the run key)."""
+    cfg = dataclasses.replace(cfg, seed=0)
+    k = json.dumps(to_dict(cfg), sort_keys=True)
+    if k not in _CACHE:
+        _CACHE[k] = _build(cfg)
+    return _CACHE[k]
+
+
+def _build(cfg: Config) -> Runtime:
+    try:
+        env = envs.make(cfg.env.name, pool="train", num_tasks=cfg.env.num_train_tasks, pool_seed=cfg.env.pool_seed,
+                        **cfg.env.params)
+        eval_env = envs.make(cfg.env.name, pool="eval", num_tasks=cfg.env.num_eval_tasks,
+                             pool_seed=cfg.env.pool_seed, **cfg.env.params)
+    except (TypeError, KeyError, ValueError) as e:
+        raise ConfigError(f"env: cannot make {cfg.env.name!r} with params {cfg.env.params}: {e}") from None
+    tok = tiny_tokenizer(env.action_names, extra=OPS)
+    renderer = make_token_renderer(env, tok)
+    eval_renderer = make_token_renderer(eval_env, tok)
+    a_ids = jnp.asarray(action_token_ids(env, tok), jnp.int32)
+    op_ids = jnp.asarray([tok.extra_id(o) for o in OPS], jnp.int32)
+    T = min(cfg.env.max_turns, env.max_steps)
+    turn_rows = [tok.encode(f"t={t}\n") for t in range(T)]
+    turn, turn_len = _pad_rows(turn_rows)
+    (pre, pre_len), (suf, suf_len), (act, act_len) = (_one(tok, s) for s in ("Tip: ", "\n", "Action: "))
+    seg = Segments(pre, pre_len, suf, suf_len, turn, turn_len, act, act_len)
+    tr_rows = [tok.encode(task_text(env, i, "", cfg.env.task_ids_in_text)) for i in range(env.num_tasks)]
+    ev_rows = [tok.encode(task_text(eval_env, i, "E", cfg.env.task_ids_in_text)) for i in range(eval_env.num_tasks)]
+    width = max(max(len(r) for r in tr_rows), max(len(r) for r in ev_rows))
+    ttok, tlen = _pad_rows(tr_rows, width)
+    etok, elen = _pad_rows(ev_rows, width)
+    distill = {k: _one(tok, s) for k, s in (("header", "Distil a lesson. "), ("trajectory", "Moves: "),
+                                            ("retrieved", "\nOld tip: "), ("answer", "\nOp: "))}
+    # Outcome line, row 0 = failure, row 1 = success (one table so compiled code can index it).
+    distill["outcome"] = _pad_rows([tok.encode("\nOutcome: failure"), tok.encode("\nOutcome: success")])
+    merge_pieces = {k: _one(tok, s) for k, s in (("header", "Merge these tips into fewer, better ones.\n"),
+                                                 ("sep", "\n- "), ("context", "Merged so far:"),
+                                                 ("entries", "\nTips:"), ("suffix", "\nMerged: "))}
+    acfg = _model_config(cfg.actor, tok.vocab_size)
+    ecfg = _model_config(cfg.extractor, tok.vocab_size)
+    agd = nnx.graphdef(nnx.eval_shape(lambda: tr.create(acfg, jax.random.key(0))))
+    egd = nnx.graphdef(nnx.eval_shape(lambda: tr.create(ecfg, jax.random.key(0))))
+    if cfg.bank.embedder != "hashed":
+        raise ConfigError(f"bank.embedder={cfg.bank.embedder!r}: the tiny loop uses the hashed embedder; "
+                          "minilm / lm embedders are for the LLM path")
+    embedder = HashedNgramEmbedder(dim=cfg.bank.key_dim)
+    if cfg.extraction.max_new_tokens - 1 > cfg.bank.entry_len:
+        raise ConfigError("extraction.max_new_tokens: entries (max_new_tokens - 1 tokens) must fit "
+                          f"bank.entry_len={cfg.bank.entry_len}")
+    lc, ec = cfg.loss, cfg.extraction
+    V = tok.vocab_size
+    first, rest = response_masks(V, op_ids, a_ids, tok.eos_id)
+    co_update = ts.make_co_update(
+        actor_turn_loss(action_allowed_mask(a_ids, V), clip_eps=lc.clip_eps),
+        extractor_constrained_loss(first, rest, eps_low=ec.eps_low, eps_high=ec.eps_high),
+        microbatches=lc.microbatches, donate=False)
+    return Runtime(cfg=cfg, tokenizer=tok, env=env, eval_env=eval_env, renderer=renderer,
+                   eval_renderer=eval_renderer, seg=seg, action_ids=a_ids, op_ids=op_ids,
+                   train_task_tokens=ttok, train_task_len=tlen, eval_task_tokens=etok, eval_task_len=elen,
+                   distill=distill, merge_pieces=merge_pieces, actor_graphdef=agd, extractor_graphdef=egd,
+                   actor_config=acfg, extractor_config=ecfg, embedder=embedder, num_turns=T,
+                   co_update=co_update)

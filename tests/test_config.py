@@ -1,0 +1,66 @@
+"""Config: YAML + dotted overrides, typed validation with messages that name the key."""
+
+import pytest
+
+from crl_jax.config import Config, ConfigError, load, parse_overrides
+
+
+def test_defaults_are_the_embedded_default():
+    cfg = load(None)
+    assert cfg == Config()
+    assert cfg.method == "crl" and cfg.env.name == "room" and cfg.env.params == {"dark": True}
+
+
+def test_file_and_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("method: grpo\nactor:\n  lr: 0.001\nenv:\n  params: {dark: false, traps: true}\n")
+    cfg = load(str(p), ["actor.lr=2e-3", "rollout.groups=2", "env.params.monster=true", "seed=7"])
+    assert cfg.method == "grpo" and cfg.actor.lr == 2e-3 and cfg.rollout.groups == 2 and cfg.seed == 7
+    assert cfg.env.params == {"dark": False, "traps": True, "monster": True}
+
+
+def test_parse_overrides_nested():
+    assert parse_overrides(["a.b.c=1", "a.d=x"]) == {"a": {"b": {"c": 1}, "d": "x"}}
+
+
+@pytest.mark.parametrize("override,key", [
+    (["actor.lrr=1"], "actor.lrr"),
+    (["bogus=1"], "bogus"),
+    (["actor.lr=fast"], "actor.lr"),
+    (["rollout.groups=1.5"], "rollout.groups"),
+    (["method=ppo"], "method"),
+    (["loss.group_split=maybe"], "loss.group_split"),
+    (["rollout.group_size=3"], "rollout.group_size"),
+    (["extraction.buffer_capacity=8", "extraction.batch=8"], "extraction.buffer_capacity"),
+    (["actor.lr=-1"], "actor.lr"),
+    (["method=offline"], "bank.offline_path"),
+])
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as e:
+        load(None, override)
+    assert key in str(e.value)
+
+
+def test_bad_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load(str(tmp_path / "missing.yaml"))
+    p = tmp_path / "bad.yaml"
+    p.write_text("method: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load(str(p))
+    p.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load(str(p))
+
+
+def test_override_syntax_error():
+    with pytest.raises(ConfigError, match="key=value"):
+        load(None, ["actor.lr"])
+
+
+def test_method_switches():
+    assert not Config(method="grpo").uses_bank
+    assert Config(method="static_online").edits_bank and not Config(method="static_online").trains_extractor
+    assert not Config(method="exp_only").trains_actor and Config(method="exp_only").trains_extractor
+    off = load(None, ["method=offline", "bank.offline_path=x.jsonl"])
+    assert off.uses_bank and not off.edits_bank
