@@ -105,32 +105,25 @@ def test_retrained_sample_weights_through_pops():
 
 
 def test_jit_eager_vmap_and_retrace_guard():
-    def script(buf, rewards):
+    def script(buf, rewards, step):
         p, pl, r, rl, lp, m = _rows([1, 2, 3, 4])
-        buf, ids = XB.add_many(buf, p, pl, r, rl, lp, 0, m)
+        buf, ids = XB.add_many(buf, p, pl, r, rl, lp, step, m)
         buf = XB.credit(buf, ids, rewards, jnp.ones(4, jnp.int32), jnp.ones(4, bool))
-        return XB.pop_batch(buf, 2, 1)
+        return XB.pop_batch(buf, 2, step)
 
     buf = XB.init(3, P, R)
     rewards = jnp.array([1.0, -1.0, 0.5, 0.25])
-    eager = script(buf, rewards)
-    chex.assert_trees_all_close(eager, jax.jit(script)(buf, rewards))
+    chex.clear_trace_counter()
+    jitted = jax.jit(chex.assert_max_traces(script, n=1))
+    eager = script(buf, rewards, 0)
+    chex.assert_trees_all_close(eager, jitted(buf, rewards, 0))
     assert eager[1]["sample_id"].tolist() == [1, 2]
     bufs = jax.tree.map(lambda x: jnp.stack([x, x]), buf)
-    rr = jnp.stack([rewards, -rewards])
-    vout = jax.jit(jax.vmap(script))(bufs, rr)
-    chex.assert_trees_all_close(jax.tree.map(lambda x: x[1], vout), jax.jit(script)(buf, -rewards))
-
-    @jax.jit
-    @chex.assert_max_traces(n=1)
-    def step_fn(b, step):
-        p, pl, r, rl, lp, m = _rows([5, 6])
-        b, _ = XB.add_many(b, p, pl, r, rl, lp, step, m)
-        return XB.pop_batch(b, 2, step)
-
-    chex.clear_trace_counter()
-    for step in range(3):
-        buf, _ = step_fn(buf, step)
+    vout = jax.jit(jax.vmap(script, in_axes=(0, 0, None)))(bufs, jnp.stack([rewards, -rewards]), 1)
+    for step in (1, 2):  # new values, same shapes: no retrace
+        out = jitted(buf, -rewards, step)
+    chex.assert_trees_all_close(jax.tree.map(lambda x: x[1], vout), jitted(buf, -rewards, 1))
+    assert int(out[1]["sample_id"][0]) == 1
 
 
 def test_bad_batch_raises():
