@@ -78,7 +78,7 @@ def test_every_action_moves_as_named(lit):
             state, _ = lit.reset(0, task)
             dr, dc = DELTAS[name]
             target = chr(state.chars[4 + dr, 4 + dc])
-            new, text, reward, done, info = lit.step(state, a)
+            new, _, reward, done, info = lit.step(state, a)
             if target in ".<":
                 assert new.pos == (state.pos[0] + dr, state.pos[1] + dc) and reward == 0.0 and not done
                 checked_move += 1
@@ -98,7 +98,7 @@ def test_walk_to_stairs_gives_reward_one(lit):
         rows, cols = np.nonzero(state.chars == ord(">"))
         dr, dc = int(np.sign(rows[0] - 4)), int(np.sign(cols[0] - 4))
         a = [DELTAS[n] for n in lit.action_names].index((dr, dc))
-        state, text, r, done, info = lit.step(state, a)
+        state, _, r, done, info = lit.step(state, a)
         total, steps = total + r, steps + 1
     assert total == 1.0 and state.success and info["success"] == 1 and steps <= 4
     assert state.message == "There is a staircase down here."

@@ -5,7 +5,12 @@ import os
 import pytest
 
 from crl_jax.envs.adapters import make_adapter, names
-from crl_jax.envs.adapters.alfworld import DATA_DIR, AlfworldPddl, pretty_name, read_problem
+from crl_jax.envs.adapters.alfworld import (
+    DATA_DIR,
+    AlfworldPddl,
+    pretty_name,
+    read_problem,
+)
 from crl_jax.envs.adapters.common import INVALID_MESSAGE
 from crl_jax.envs.adapters.textworld import TextWorldGames
 
@@ -36,7 +41,7 @@ def test_textworld_generated_game_played_to_completion(tw):
     rewards = []
     for cmd in walk:
         assert cmd in state.admissible, (cmd, state.admissible)
-        state, text, r, done, info = tw.step(state, state.admissible.index(cmd))
+        state, _, r, done, info = tw.step(state, state.admissible.index(cmd))
         rewards.append(r)
     assert rewards == [0.0] * (len(walk) - 1) + [1.0]
     assert done and state.won and info["won"] == 1 and state.score == state.max_score
@@ -48,7 +53,7 @@ def test_textworld_generated_game_played_to_completion(tw):
 def test_textworld_invalid_truncation_stale_and_cache(tw):
     state, _ = tw.reset(0, 0)
     new, text, r, done, info = tw.step(state, len(state.admissible) + 3)
-    assert info["invalid"] == 1 and new.t == 1 and text.startswith(INVALID_MESSAGE) and r == 0.0
+    assert info["invalid"] == 1 and new.t == 1 and text.startswith(INVALID_MESSAGE) and r == 0.0 and not done
     with pytest.raises(ValueError, match="stale"):
         tw.step(state, 0)
     path = tw.game_file(0)
@@ -106,9 +111,10 @@ def test_alfworld_invalid_nonadmissible_and_fail_reward(alf):
     assert "go to countertop 1" in state.admissible and "take apple 1 from countertop 1" not in state.admissible
     s, text, r, done, info = alf.step(state, "take apple 1 from countertop 1")  # not possible from here
     assert s.feedback == "Nothing happens." and info["admissible"] == 0 and r == 0.0 and not done
-    s, text, r, done, info = alf.step(s, -1)
+    assert text.startswith("Nothing happens.\nActions: ")
+    s, _, r, done, info = alf.step(s, -1)
     assert info["invalid"] == 1 and s.feedback == INVALID_MESSAGE and s.t == 2
-    s, text, _, _, _ = alf.step(s, "go to countertop 1")
+    s, _, _, _, _ = alf.step(s, "go to countertop 1")
     assert "On the countertop 1, you see a apple 1." in s.feedback
     # The planner's plan (Fast Downward) solves it too.
     assert alf.planner_plan(1)[-1] == "move apple 1 to fridge 1"

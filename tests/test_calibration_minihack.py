@@ -12,7 +12,12 @@ import os
 import numpy as np
 import pytest
 
-from crl_jax.envs.adapters.calibrate import ROOM_PARAMS, run_jax_room, run_minihack, two_proportion_z
+from crl_jax.envs.adapters.calibrate import (
+    ROOM_PARAMS,
+    run_jax_room,
+    run_minihack,
+    two_proportion_z,
+)
 
 EPISODES = int(os.environ.get("CRL_CALIBRATION_EPISODES", "300"))
 Z_MAX = 3.5

@@ -33,13 +33,13 @@ def alfred_domain_files() -> tuple[str, str]:
     spec = importlib.util.find_spec("alfworld")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("AlfworldPddl needs the `alfworld` package (pip install alfworld)")
-    data = os.path.join(list(spec.submodule_search_locations)[0], "data")
+    data = os.path.join(next(iter(spec.submodule_search_locations)), "data")
     return os.path.join(data, "alfred.pddl"), os.path.join(data, "alfred.twl2")
 
 
 def read_problem(path: str) -> dict:
     """{'pddl': text, 'goal': sentence, 'plan': [commands]} from a problem file's header comments."""
-    text = open(path).read()
+    text = _read(path)
     goal, plan = "", []
     for line in text.splitlines():
         if line.startswith(";; goal:"):
@@ -49,6 +49,11 @@ def read_problem(path: str) -> dict:
     if not goal:
         raise ValueError(f"{path}: missing the ';; goal: ...' header line")
     return {"pddl": text, "goal": goal, "plan": plan}
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
 
 
 def pretty_name(entity_id: str) -> str:
@@ -83,7 +88,7 @@ class AlfworldPddl:
             raise ValueError(f"AlfworldPddl: no problem files (looked in {DATA_DIR})")
         self.problems = [read_problem(p) for p in self.problem_files]
         domain_path, grammar_path = alfred_domain_files()
-        self._domain, self._grammar = open(domain_path).read(), open(grammar_path).read()
+        self._domain, self._grammar = _read(domain_path), _read(grammar_path)
         self.num_tasks, self.max_steps, self.fail_reward = len(self.problems), int(max_steps), float(fail_reward)
         self._envs: dict[int, object] = {}
         self._episode = 0

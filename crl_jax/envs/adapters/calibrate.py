@@ -129,8 +129,8 @@ def table(episodes: int, variants, seed: int = 0) -> list[dict]:
             real = run_minihack(v, pol, episodes, seed)
             t_real = time.perf_counter() - t0
             z = two_proportion_z(int(real.sum()), episodes, int(ours[pol].sum()), episodes)
-            rows.append(dict(variant=v, policy=pol, minihack=real.mean(), room=ours[pol].mean(), z=z,
-                             t_real=t_real, t_ours=t_ours))
+            rows.append({"variant": v, "policy": pol, "minihack": real.mean(), "room": ours[pol].mean(), "z": z,
+                         "t_real": t_real, "t_ours": t_ours})
     return rows
 
 
