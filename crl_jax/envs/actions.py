@@ -84,7 +84,7 @@ def parse_answer_text(text: str, action_names) -> int:
     return best
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AnswerParser:
     """`parser(tokens int[T], length int[]) -> int32 action or -1`; vmap for batches."""
 

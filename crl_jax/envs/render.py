@@ -59,46 +59,50 @@ def _offsets(env):
     return o_msg_first, o_msg_rest, o_glyph, o_nl, o_legend, o_leg_first, o_leg_rest
 
 
-def piece_slots(env, obs: Obs) -> tuple[jax.Array, jax.Array]:
-    """Piece ids [P] and active flags [P] for one obs; P = 3 + H * (W + 1) + 1 + NUM_GLYPHS."""
+def piece_slots(env, obs: Obs, xp=jnp) -> tuple[jax.Array, jax.Array]:
+    """Piece ids [P] and active flags [P] for one obs; P = 3 + H * (W + 1) + 1 + NUM_GLYPHS.
+
+    `xp` is `jax.numpy` (device, jit) or `numpy` (host rendering: no per-op dispatch or compilation).
+    """
     chex.assert_rank([obs.grid, obs.message], [2, 1])
     o_mf, o_mr, o_g, o_nl, o_leg, o_lf, o_lr = _offsets(env)
-    grid = jnp.asarray(obs.grid, jnp.int32)
-    msg = jnp.asarray(obs.message, jnp.int32)
+    i32 = xp.int32
+    grid = xp.asarray(obs.grid).astype(i32)
+    msg = xp.asarray(obs.message).astype(i32)
     h, w = grid.shape
     # Message line: slot 0, then slot 1 prefixed by two spaces when slot 0 is non-empty.
     m0, m1 = msg[0], msg[1]
-    msg_ids = jnp.stack([o_mf + m0, jnp.where(m0 > 0, o_mr, o_mf) + m1, jnp.int32(o_nl)])
-    msg_act = jnp.stack([m0 > 0, m1 > 0, jnp.bool_(True)])
+    msg_ids = xp.stack([o_mf + m0, xp.where(m0 > 0, o_mr, o_mf) + m1, xp.asarray(o_nl, i32)]).astype(i32)
+    msg_act = xp.stack([m0 > 0, m1 > 0, xp.asarray(True)])
     # Map rows with trailing blanks stripped.
     nonblank = grid != 0
-    cols = jnp.arange(w)[None, :]
-    last = jnp.max(jnp.where(nonblank, cols, -1), axis=1)  # [H]
+    cols = xp.arange(w)[None, :]
+    last = xp.max(xp.where(nonblank, cols, -1), axis=1)  # [H]
     cell_ids = o_g + grid
     cell_act = cols <= last[:, None]
-    row_ids = jnp.concatenate([cell_ids, jnp.full((h, 1), o_nl, jnp.int32)], axis=1).reshape(-1)
-    row_act = jnp.concatenate([cell_act, jnp.ones((h, 1), bool)], axis=1).reshape(-1)
+    row_ids = xp.concatenate([cell_ids, xp.full((h, 1), o_nl, i32)], axis=1).reshape(-1)
+    row_act = xp.concatenate([cell_act, xp.ones((h, 1), bool)], axis=1).reshape(-1)
     # Legend: glyphs present (with a description), first one without the leading ", ".
-    has_desc = jnp.array([d is not None for _, d in GLYPHS])
-    present = jnp.zeros((NUM_GLYPHS,), bool).at[grid.reshape(-1)].set(True) & has_desc
-    earlier = jnp.cumsum(present) - present.astype(jnp.int32) > 0
-    g = jnp.arange(NUM_GLYPHS, dtype=jnp.int32)
-    leg_ids = jnp.concatenate([jnp.array([o_leg], jnp.int32), jnp.where(earlier, o_lr, o_lf) + g])
-    leg_act = jnp.concatenate([jnp.array([True]), present])
-    ids = jnp.concatenate([msg_ids.astype(jnp.int32), row_ids, leg_ids]).astype(jnp.int32)
-    act = jnp.concatenate([msg_act, row_act, leg_act])
+    g = xp.arange(NUM_GLYPHS).astype(i32)
+    has_desc = xp.asarray(np.array([d is not None for _, d in GLYPHS]))
+    present = xp.any(grid.reshape(-1)[:, None] == g[None, :], axis=0) & has_desc
+    earlier = (xp.cumsum(present.astype(i32)) - present.astype(i32)) > 0
+    leg_ids = xp.concatenate([xp.asarray([o_leg], i32), xp.where(earlier, o_lr, o_lf) + g])
+    leg_act = xp.concatenate([xp.asarray([True]), present])
+    ids = xp.concatenate([msg_ids, row_ids, leg_ids]).astype(i32)
+    act = xp.concatenate([msg_act, row_act, leg_act])
     return ids, act
 
 
 def render_text(env, state_or_obs) -> str:
-    """Host-side text of one unbatched state or obs."""
-    obs = env.as_obs(state_or_obs)
-    ids, act = jax.device_get(piece_slots(env, obs))
+    """Host-side text of one unbatched state or obs (computed with numpy)."""
+    obs = jax.device_get(env.as_obs(state_or_obs))
+    ids, act = piece_slots(env, obs, xp=np)
     table = piece_table(env)
-    return "".join(table[i] for i, a in zip(np.asarray(ids), np.asarray(act)) if a)
+    return "".join(table[i] for i, a in zip(ids.tolist(), act.tolist()) if a)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TokenRenderer:
     """`renderer(state_or_obs) -> (tokens int32[max_len], length int32[])`, jit- and vmap-able.
 
@@ -144,7 +148,7 @@ def make_token_renderer(env, tokenizer, *, pad_id: int | None = None) -> TokenRe
     # Upper bound of the text length in tokens: the longest piece each slot can hold.
     o_mf, o_mr, o_g, o_nl, o_leg, o_lf, o_lr = _offsets(env)
     m = len(env.messages)
-    probe = env.observe(env.init_state(env.task_level(0), jax.random.key(0)))
+    probe = jax.eval_shape(lambda k: env.observe(env.init_state(env.generate(k), k)), jax.random.key(0))
     h, w = probe.grid.shape
     assert probe.message.shape == (NUM_MSG_SLOTS,)
     glyph_max = lengths[o_g:o_g + NUM_GLYPHS].max()
