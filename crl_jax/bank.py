@@ -22,8 +22,6 @@ Semantics (METHOD.md §2 steps 5-9, §3):
 
 from __future__ import annotations
 
-from typing import Optional
-
 import chex
 import jax
 import jax.numpy as jnp
@@ -117,7 +115,7 @@ def _eviction_slot(bank: ExperienceBank, eviction: str, rng) -> jax.Array:
 
 
 def add(bank: ExperienceBank, tokens, length, key, task, step, source, *, eviction: str = "fifo",
-        rng: Optional[jax.Array] = None) -> tuple[ExperienceBank, jax.Array]:
+        rng: jax.Array | None = None) -> tuple[ExperienceBank, jax.Array]:
     """Insert one entry: tokens [L], length [], key [D], task [], step [], source [] -> (bank, slot []).
 
     First free slot if any, else evict by `eviction` (see module doc). The new entry starts with zero usage,
@@ -129,7 +127,7 @@ def add(bank: ExperienceBank, tokens, length, key, task, step, source, *, evicti
     has_free = ~jnp.all(bank.valid)
     free = jnp.argmin(bank.valid).astype(jnp.int32)  # first False
     slot = jnp.where(has_free, free, _eviction_slot(bank, eviction, rng))
-    i32 = lambda v: jnp.asarray(v, jnp.int32)  # noqa: E731
+    i32 = lambda v: jnp.asarray(v, jnp.int32)
     bank = bank.replace(
         tokens=bank.tokens.at[slot].set(i32(tokens)),
         lengths=bank.lengths.at[slot].set(i32(length)),
@@ -152,7 +150,7 @@ def add(bank: ExperienceBank, tokens, length, key, task, step, source, *, evicti
 
 
 def add_many(bank: ExperienceBank, tokens, lengths, keys, task, step, source, mask, *, eviction: str = "fifo",
-             rng: Optional[jax.Array] = None) -> tuple[ExperienceBank, jax.Array]:
+             rng: jax.Array | None = None) -> tuple[ExperienceBank, jax.Array]:
     """Insert rows in index order: tokens [M,L], lengths [M], keys [M,D], task [M], source [M], mask [M].
 
     Row i behaves exactly like `add` after rows 0..i-1. Masked-out rows change nothing and get slot -1.
@@ -304,5 +302,18 @@ def family_counts(bank: ExperienceBank, num_tasks: int) -> jax.Array:
     """Valid entries per task family [num_tasks] (families outside [0, num_tasks) are not counted)."""
     return jnp.zeros((num_tasks,), jnp.int32).at[bank.task].add(bank.valid.astype(jnp.int32), mode="drop")
 
-__all__ = ["ExperienceBank", "init", "add", "add_many", "update", "update_many", "retrieve", "apply_merge",
-           "credit", "take_credit", "size", "family_counts", "normalize"]
+__all__ = [
+    "ExperienceBank",
+    "add",
+    "add_many",
+    "apply_merge",
+    "credit",
+    "family_counts",
+    "init",
+    "normalize",
+    "retrieve",
+    "size",
+    "take_credit",
+    "update",
+    "update_many",
+]

@@ -6,14 +6,13 @@ Text is decoded only here, at the edge (DESIGN.md principle 3). Used by `crl-jax
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import numpy as np
 
 from crl_jax.bank import ExperienceBank
 
 
-def entry_records(bank: ExperienceBank, tokenizer, task: Optional[int] = None) -> list[dict]:
+def entry_records(bank: ExperienceBank, tokenizer, task: int | None = None) -> list[dict]:
     """One dict per valid entry (optionally of one task family), ordered by slot.
 
     Fields: slot, task, text, length, created_step, updated_step, times_retrieved, last_retrieved_step,
@@ -41,7 +40,7 @@ def entry_records(bank: ExperienceBank, tokenizer, task: Optional[int] = None) -
     return records
 
 
-def format_entries(bank: ExperienceBank, tokenizer, task: Optional[int] = None, top: Optional[int] = None) -> str:
+def format_entries(bank: ExperienceBank, tokenizer, task: int | None = None, top: int | None = None) -> str:
     """Human-readable listing, most retrieved first (ties: oldest insert first); `top` limits the count."""
     recs = sorted(entry_records(bank, tokenizer, task), key=lambda r: (-r["times_retrieved"], r["insert_order"]))
     total = len(recs)
@@ -63,6 +62,5 @@ def export_jsonl(bank: ExperienceBank, tokenizer, path) -> int:
     """Write one JSON object per valid entry (fields of `entry_records`) to `path`; returns the count."""
     recs = entry_records(bank, tokenizer)
     with open(path, "w", encoding="utf-8") as f:
-        for r in recs:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
     return len(recs)

@@ -5,7 +5,7 @@ Shapes: N = bank capacity, D = key dim, Q = queries, C = candidates, K = top_k.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import chex
 import jax
@@ -22,7 +22,7 @@ def normalize(x: jax.Array, axis: int = -1) -> jax.Array:
     return x / jnp.maximum(norm, 1e-12)
 
 
-def retrieve(bank: "ExperienceBank", query_keys, query_task, rng: Optional[jax.Array], step, *, top_k: int = 1,
+def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None, step, *, top_k: int = 1,
              candidates: int = 16, diversity_lambda=0.4, recent_steps=1, demote_p=0.5, query_mask=None):
     """Retrieve entries for a batch of queries -> (bank, slots [Q,K] int32, found [Q,K] bool).
 
@@ -61,7 +61,7 @@ def retrieve(bank: "ExperienceBank", query_keys, query_task, rng: Optional[jax.A
     sim = jnp.matmul(normalize(query_keys), bank.keys.T, precision=jax.lax.Precision.HIGHEST)  # [Q,N]
     eligible = bank.valid[None, :] & (bank.task[None, :] == jnp.asarray(query_task, jnp.int32)[:, None])
     eligible = eligible & qmask[:, None]
-    cand_sim, cand_idx = jax.lax.top_k(jnp.where(eligible, sim, -jnp.inf), c)  # [Q,C]
+    _, cand_idx = jax.lax.top_k(jnp.where(eligible, sim, -jnp.inf), c)  # [Q,C]
     cand_ok = jnp.take_along_axis(eligible, cand_idx, axis=1)
 
     last = bank.last_retrieved_step[cand_idx]

@@ -76,7 +76,7 @@ def _add_one(buf: SampleBuffer, row, step):
     oldest = jnp.argmin(jnp.where(buf.valid, buf.sample_id, _INT_MAX)).astype(jnp.int32)
     slot = jnp.where(has_free, free, oldest)
     lost = (~has_free) & ((buf.reward_count[slot] > 0) | (buf.times_trained[slot] == 0))
-    i32 = lambda v: jnp.asarray(v, jnp.int32)  # noqa: E731
+    i32 = lambda v: jnp.asarray(v, jnp.int32)
     new = buf.replace(
         prompt=buf.prompt.at[slot].set(i32(prompt)), prompt_len=buf.prompt_len.at[slot].set(i32(plen)),
         response=buf.response.at[slot].set(i32(resp)), response_len=buf.response_len.at[slot].set(i32(rlen)),

@@ -238,7 +238,7 @@ def _script(bank, rng):
                          4, jnp.array([1, 2, 3]), jnp.array([True, True, True]))
     bank, slots, found = B.retrieve(bank, keys, jnp.array([0, 0, 1]), r2, 4, top_k=1)
     bank = B.credit(bank, slots, found, jnp.array([1.0, -1.0, 1.0]), jnp.ones(3, bool))
-    bank, mean, has, _ = B.take_credit(bank)
+    bank, mean, _, _ = B.take_credit(bank)
     bank, _ = B.apply_merge(bank, slots[:, 0], jnp.ones((1, L), jnp.int32), jnp.array([2]), jnp.array([True]), 0,
                             4, 9)
     return bank, mean
@@ -253,4 +253,4 @@ def test_jit_equals_eager_vmap_and_retrace_guard():
     rngs = jax.random.split(jax.random.key(5), 3)
     vb, vmean = jax.jit(jax.vmap(_script))(banks, rngs)
     for i in range(3):  # new values, same shapes: no retrace of `script`
-        chex.assert_trees_all_close(jax.tree.map(lambda x: x[i], (vb, vmean)), script(bank, rngs[i]))
+        chex.assert_trees_all_close(jax.tree.map(lambda x, i=i: x[i], (vb, vmean)), script(bank, rngs[i]))

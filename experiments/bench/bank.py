@@ -101,13 +101,13 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.queries, args.dims, args.reps = "1000", "128", "64", 2
-    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    ints = lambda s: [int(x) for x in s.split(",") if x]
 
     dev = jax.devices()[0]
     print(f"device: {dev.platform} ({dev.device_kind}), jax {jax.__version__}")
     rows = []
-    header = "| entries | queries | D | retrieve ms | queries/s | plain top-1 ms | retrieve / plain | add_many(%d) ms " \
-             "| compile s |" % args.add_rows
+    header = (f"| entries | queries | D | retrieve ms | queries/s | plain top-1 ms | retrieve / plain "
+              f"| add_many({args.add_rows}) ms | compile s |")
     print(header)
     for d in ints(args.dims):
         for n in ints(args.sizes):
@@ -124,8 +124,8 @@ def main(argv=None):
         hw = args.hardware or f"{platform.processor() or platform.machine()} ({dev.platform})"
         cmd = "python experiments/bench/bank.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
         lines = [f"\n## Experience bank retrieval ({args.date}, {hw}, jax {jax.__version__})\n", f"`{cmd}`\n",
-                 "Paper defaults: candidates 16, lambda 0.4, recent 1 step, demote 0.5, top_k 1; "
-                 f"{args.families} task families; plain = cosine + top-1, no re-ranking (same process).\n",
+                 ("Paper defaults: candidates 16, lambda 0.4, recent 1 step, demote 0.5, top_k 1; "
+                  f"{args.families} task families; plain = cosine + top-1, no re-ranking (same process).\n"),
                  header,
                  "|" + "---|" * 9]
         for r in rows:
