@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from crl_jax.losses import repeat_weights  # re-exported: DESIGN.md `repeat_weights`
+
 _INT_MAX = jnp.iinfo(jnp.int32).max
 
 
@@ -134,14 +136,6 @@ def pending(buf: SampleBuffer) -> jax.Array:
 def ready(buf: SampleBuffer, batch: int) -> jax.Array:
     """True [] when at least `batch` samples have pending reward."""
     return pending(buf) >= batch
-
-
-def repeat_weights(times_trained, last_trained_step, step, *, cooldown=1, power=0.5):
-    """0 where step - last_trained_step < cooldown (-1 = never trained is never in cooldown), else
-    (1 + times_trained) ** -power (DESIGN.md `repeat_weights`)."""
-    t = jnp.asarray(times_trained, jnp.float32)
-    cooling = (last_trained_step >= 0) & (step - last_trained_step < cooldown)
-    return jnp.where(cooling, 0.0, (1.0 + t) ** (-jnp.asarray(power, jnp.float32)))
 
 
 def pop_batch(buf: SampleBuffer, batch: int, step, *, cooldown=1, power=0.5):
