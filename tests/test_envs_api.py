@@ -104,6 +104,9 @@ def test_pools_disjoint_and_levels_valid(case):
             lv = jax.tree.map(lambda x: np.asarray(x[i]), lt)
             n = bfs_solve(lv.walls, lv.boxes, lv.targets, lv.start)
             assert n is not None and n > 0, i
+    if name == "room":  # an open room: the stairs are reachable iff they are in it, away from the start
+        st_, sd = np.asarray(lt.start), np.asarray(lt.stairs)
+        assert np.all((sd >= 0) & (sd < 5)) and np.all(np.any(st_ != sd, axis=1))
     if name == "maze":  # the stairs are reachable from the start
         for i in range(200):
             walls, s, g = (np.asarray(x[i]) for x in (lt.walls, lt.start, lt.stairs))

@@ -15,7 +15,7 @@ The text is a concatenation of *pieces* from a fixed per-env table (message text
 cell, newlines, legend entries). Which pieces appear is a pure function of the obs (`piece_slots`), used
 both by `render_text` (host) and by the token renderer (device), so the two agree by construction. The
 token renderer tokenises every piece separately once on the host and concatenates the pieces' token ids
-on device (a gather and a scatter, no Python per step). The result decodes to exactly the rendered
+on device (gathers, no Python per step). The result decodes to exactly the rendered
 text for the byte tokenizer and for byte-level BPE tokenizers (GPT-2 / Llama-3 / Qwen / SmolLM2 style),
 whose decoders concatenate bytes; it is a valid encoding, not necessarily the shortest one.
 Tokenizers whose decoder changes spacing (SentencePiece Metaspace with prefix handling, WordPiece) are
@@ -120,13 +120,15 @@ class TokenRenderer:
         ids, act = piece_slots(self.env, obs)
         table = jnp.asarray(self.table)
         lens = jnp.where(act, jnp.asarray(self.lengths)[ids], 0)  # [P]
-        starts = jnp.cumsum(lens) - lens
-        lmax = self.table.shape[1]
-        j = jnp.arange(lmax)[None, :]
-        pos = jnp.where(j < lens[:, None], starts[:, None] + j, self.max_len)  # [P, Lmax]
-        toks = jnp.full((self.max_len,), self.pad_id, jnp.int32)
-        toks = toks.at[pos.reshape(-1)].set(table[ids].reshape(-1), mode="drop")
-        return toks, jnp.sum(lens).astype(jnp.int32)
+        ends = jnp.cumsum(lens)  # [P]
+        k = jnp.arange(self.max_len)
+        # Output position k holds token k - start(p) of the piece p whose span contains k: a gather
+        # (scatters are slow on CPU under vmap).
+        p = jnp.minimum(jnp.sum(ends[None, :] <= k[:, None], axis=1), ids.shape[0] - 1)  # [max_len]
+        j = k - (ends[p] - lens[p])
+        total = ends[-1]
+        toks = table[ids[p], jnp.clip(j, 0, self.table.shape[1] - 1)]
+        return jnp.where(k < total, toks, self.pad_id).astype(jnp.int32), total.astype(jnp.int32)
 
 
 def make_token_renderer(env, tokenizer, *, pad_id: int | None = None) -> TokenRenderer:

@@ -11,8 +11,8 @@ Dynamics of one move (8 compass directions):
   uniformly random room cell free of monsters and traps (possibly the stairs: a success);
 - `dark=True`: only the agent's 8 neighbours are visible; floor, stairs and the trap stay drawn once
   seen (as MiniHack remembers them); monsters are drawn only while adjacent;
-- then each live monster acts with probability speed / 16 (the hero is a Fast Monk, ~16 speed units per
-  turn): adjacent -> attack (hit prob `MON_HIT`, damage 1..`dmg`; a lichen's touch makes the agent stick
+- then each live monster acts with probability speed / 16 (a calibrated rate: MiniHack's hero is a
+  speed-12 Rogue, but bumping into stone takes no game time there): adjacent -> attack (hit prob `MON_HIT`, damage 1..`dmg`; a lichen's touch makes the agent stick
   to it: moves away fail until it dies), else a step that brings it closer (grid bugs move orthogonally
   only). Hit points reach 0 -> "You die...", the episode ends with reward 0.
 
@@ -52,7 +52,7 @@ MON_STICKY = np.array([m[4] for m in MONSTERS], bool)
 MON_ORTH = np.array([m[5] for m in MONSTERS], bool)
 MON_PAIR_P = np.array([m[6] for m in MONSTERS], np.float32)
 MON_WEIGHT = np.array([m[7] for m in MONSTERS], np.float32)
-AGENT_HP = 12  # the MiniHack hero's starting hit points
+AGENT_HP = 12  # the MiniHack hero's starting hit points (measured)
 AGENT_HIT = 0.9
 MON_HIT = 0.75
 NM = 2  # monster slots
