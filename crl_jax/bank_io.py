@@ -59,8 +59,52 @@ def format_entries(bank: ExperienceBank, tokenizer, task: int | None = None, top
 
 
 def export_jsonl(bank: ExperienceBank, tokenizer, path) -> int:
-    """Write one JSON object per valid entry (fields of `entry_records`) to `path`; returns the count."""
+    """Write one JSON object per valid entry (fields of `entry_records` plus its retrieval `key`) to `path`;
+    returns the count. `load_jsonl` reads it back (method=offline)."""
     recs = entry_records(bank, tokenizer)
+    keys = np.asarray(bank.keys)
     with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
+        for r in recs:
+            r = dict(r, key=[round(float(x), 7) for x in keys[r["slot"]]])
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
     return len(recs)
+
+
+def load_jsonl(bank: ExperienceBank, tokenizer, path, embedder=None) -> ExperienceBank:
+    """Add the entries of a JSON-lines file (as written by `export_jsonl`) to `bank`, in file order.
+
+    Each line needs `text`; `task` defaults to 0; `key` (a list of `bank.key_dim` floats) defaults to
+    `embedder` applied to the text. Malformed lines raise ValueError naming the file and line.
+    """
+    import jax.numpy as jnp
+
+    from crl_jax import bank as bank_lib
+
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as e:
+        raise FileNotFoundError(f"offline bank file {path!r} cannot be read: {e}") from None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            text = r["text"]
+            if not isinstance(text, str):
+                raise TypeError("text is not a string")
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}:{i}: not a bank entry ({e})") from None
+        ids = tokenizer.encode(text)[: bank.entry_len]
+        tokens = np.zeros((bank.entry_len,), np.int32)
+        tokens[: len(ids)] = ids
+        if "key" in r:
+            key = np.asarray(r["key"], np.float32)
+            if key.shape != (bank.key_dim,):
+                raise ValueError(f"{path}:{i}: key has {key.shape[0]} dims, the bank uses {bank.key_dim}")
+        elif embedder is not None:
+            key = np.asarray(embedder(jnp.asarray(tokens), jnp.int32(len(ids))))
+        else:
+            raise ValueError(f"{path}:{i}: no key and no embedder to compute one")
+        bank, _ = bank_lib.add(bank, jnp.asarray(tokens), jnp.int32(len(ids)), jnp.asarray(key),
+                               jnp.int32(r.get("task", 0)), jnp.int32(-1), jnp.int32(-1))
+    return bank

@@ -20,19 +20,21 @@ from crl_jax.constrained_losses import TurnBatch
 from crl_jax.train_state import ExtractorBatch
 
 
-def episode_advantages(rt, reward, guided):
-    """reward, guided [G, K] -> (advantages [G, K], weights [G, K])."""
+def episode_advantages(rt, reward, guided, split):
+    """reward, guided [G, K], split (traced bool) -> (advantages [G, K], weights [G, K]).
+
+    split: per-subgroup advantages and 1/2 subgroup weights (paper Eq. 5); else one normalisation over the
+    whole group (the cross-group ablation) with equal weights.
+    """
     lc = rt.cfg.loss
-    if lc.advantage == "split":
-        adv = losses.subgroup_advantages(reward, guided, normalize=lc.normalize)
-        w = losses.split_group_weights(guided)
-    else:
-        adv = losses.group_advantages(reward, normalize=lc.normalize)
-        w = jnp.full(reward.shape, 1.0 / reward.shape[1], jnp.float32)
-    return adv, w
+    adv_s = losses.subgroup_advantages(reward, guided, normalize=lc.normalize)
+    w_s = losses.split_group_weights(guided)
+    adv_c = losses.group_advantages(reward, normalize=lc.normalize)
+    w_c = jnp.full(reward.shape, 1.0 / reward.shape[1], jnp.float32)
+    return jnp.where(split, adv_s, adv_c), jnp.where(split, w_s, w_c)
 
 
-def actor_batch(rt, ep, guided, key=None):
+def actor_batch(rt, ep, guided, split, key=None):
     """Episodes [N = G*K] with T turns -> (TurnBatch, metrics).
 
     All N*T turn rows, or (`loss.turn_rows` = R > 0) R rows drawn uniformly without replacement among the
@@ -41,7 +43,7 @@ def actor_batch(rt, ep, guided, key=None):
     """
     G, K = guided.shape
     N, T, P = ep.prompts.shape
-    adv, w = episode_advantages(rt, ep.reward.reshape(G, K), guided)
+    adv, w = episode_advantages(rt, ep.reward.reshape(G, K), guided, split)
     adv, w = adv.reshape(N), w.reshape(N)
     if rt.cfg.loss.aggregation == "seq_mean_token_mean":
         w = w / jnp.maximum(ep.turns, 1).astype(jnp.float32)

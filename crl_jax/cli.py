@@ -56,7 +56,7 @@ def _restore_run(run_dir):
     cfg = from_dict(d)
     rt = build(cfg)
     ck = Checkpointer(run_dir)
-    state, step = ck.restore(loop.init_state(rt, jax.random.key(cfg.seed)))
+    state, step = ck.restore(loop.init_state(rt, jax.random.key(cfg.seed), cfg))
     return rt, state, step
 
 

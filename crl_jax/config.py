@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class EnvConfig:
     name: str = "room"  # built-in env (room | maze | keyroom | sokoban | frozen_lake) or a host adapter
-    params: dict = field(default_factory=lambda: {"dark": True})  # keyword arguments of envs.make
+    params: dict = field(default_factory=lambda: {"dark": True, "crop": 0, "legend": False})  # envs.make kwargs
     num_train_tasks: int = 32  # size of the training pool of levels (held-in evaluation uses it too)
     num_eval_tasks: int = 32  # size of the disjoint held-out pool
     pool_seed: int = 0  # seed of the level pools (fixed across training seeds: same levels)
@@ -66,7 +66,7 @@ class BankConfig:
     top_k: int = 1  # entries retrieved per guided rollout
     candidates: int = 16  # C: cosine candidates before diversity rescoring
     diversity_lambda: float = 0.4  # lambda in s = -rank - lambda*log(1+times_retrieved) - recent
-    recent_steps: int = 1  # an entry retrieved within this many steps counts as recent
+    recent_steps: int = 1  # an entry retrieved within this many previous steps counts as recent (paper: recent)
     demote_p: float = 0.5  # probability of demoting a recent top-1
     eviction: Literal["fifo", "lru", "random"] = "fifo"  # what a full bank overwrites
     warmup_steps: int = 0  # steps before retrieval starts (paper: 5)

@@ -68,14 +68,19 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     buffer, ids = buffer_lib.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step,
                                       writes)
 
+    # An update must not rewrite a slot that an earlier add of this step has reused: pin the entry by
+    # the insertion counter it had at retrieval.
+    orders = bank.insert_order[jnp.maximum(slots, 0)]
+
     def apply_one(b, xs):
-        w, o, e, el, k, s, sid = xs
-        added, _ = bank_lib.add(b, e, el, k, jnp.int32(0), step, sid, eviction=cfg.bank.eviction)
-        updated = bank_lib.update(b, s, e, el, step, sid)
+        w, o, e, el, k, s, sid, order, i = xs
+        added, _ = bank_lib.add(b, e, el, k, jnp.int32(0), step, sid, eviction=cfg.bank.eviction,
+                                rng=jax.random.fold_in(key, 1000 + i))
+        updated = bank_lib.update(b, s, e, el, step, sid, expect_order=order)
         nb = jax.tree_util.tree_map(lambda a, u: jnp.where(o == ADD, a, u), added, updated)
         return jax.tree_util.tree_map(lambda n_, o_: jnp.where(w, n_, o_), nb, b), None
 
-    bank, _ = jax.lax.scan(apply_one, bank, (writes, op, entry, entry_len, keys, slots, ids))
+    bank, _ = jax.lax.scan(apply_one, bank, (writes, op, entry, entry_len, keys, slots, ids, orders, jnp.arange(N)))
     n_invalid = jnp.sum(mask & ~valid)
     n_add = jnp.sum(writes & (op == ADD))
     n_update = jnp.sum(writes & (op == UPDATE))

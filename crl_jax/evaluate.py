@@ -29,13 +29,9 @@ def evaluate_pool(rt, state, *, heldout: bool) -> tuple[jax.Array, jax.Array]:
     tt = (rt.eval_task_tokens if heldout else rt.train_task_tokens)[:n]
     tl = (rt.eval_task_len if heldout else rt.train_task_len)[:n]
     key = jax.random.fold_in(jax.random.key(EVAL_KEY), int(heldout))
-    L = cfg.bank.entry_len
-    if cfg.uses_bank:
-        q = query_keys(rt, env, renderer, key, tasks, tt, tl)
-        _, _, exp, exp_len, has = retrieve_entries(rt, state.bank, None, state.step, q, jnp.ones((n,), bool),
-                                                   diverse=False)
-    else:
-        exp, exp_len, has = jnp.zeros((n, L), jnp.int32), jnp.zeros((n,), jnp.int32), jnp.zeros((n,), bool)
+    q = query_keys(rt, env, renderer, key, tasks, tt, tl)
+    _, _, exp, exp_len, has = retrieve_entries(rt, state.bank, None, state.step, q,
+                                               jnp.broadcast_to(state.flags.uses_bank, (n,)), diverse=False)
     two = lambda x: jnp.concatenate([x, x], 0)  # noqa: E731  rows [0, n): with experience, [n, 2n): without
     temp = 0.0 if cfg.eval.greedy else cfg.actor.temperature
     # Both halves get the same reset keys: same level and env randomness with and without experience.
@@ -51,6 +47,6 @@ def evaluate_all(rt, state) -> dict:
     out = {}
     for pool, heldout in (("heldin", False), ("heldout", True)):
         with_exp, without = evaluate_pool(rt, state, heldout=heldout)
-        out[f"eval_{pool}_with_exp"] = with_exp if rt.cfg.uses_bank else jnp.float32(jnp.nan)
+        out[f"eval_{pool}_with_exp"] = jnp.where(state.flags.uses_bank, with_exp, jnp.nan)
         out[f"eval_{pool}_without_exp"] = without
     return out

@@ -41,7 +41,29 @@ from crl_jax.runtime import Runtime
 
 
 @struct.dataclass
+class MethodFlags:
+    """Which parts of the method run (METHOD.md §4), as traced booleans: every method and ablation of
+    one config shares one compiled program, and the skipped parts cost nothing at run time (`lax.cond`)."""
+
+    uses_bank: jax.Array  # guided rollouts retrieve experience (all but grpo)
+    edits_bank: jax.Array  # the extractor distils episodes and merges (crl, static_online, exp_only)
+    trains_actor: jax.Array  # actor updates (all but exp_only)
+    trains_extractor: jax.Array  # extractor updates (crl, exp_only)
+    group_split: jax.Array  # K/2 guided + K/2 free (ablation: every rollout guided)
+    split_advantage: jax.Array  # per-subgroup advantages (ablation: one normalisation over the group)
+    merge: jax.Array  # periodic merge (ablation: none)
+
+    @classmethod
+    def from_config(cls, cfg) -> "MethodFlags":
+        b = lambda v: jnp.asarray(bool(v))  # noqa: E731
+        return cls(uses_bank=b(cfg.uses_bank), edits_bank=b(cfg.edits_bank), trains_actor=b(cfg.trains_actor),
+                   trains_extractor=b(cfg.trains_extractor), group_split=b(cfg.loss.group_split),
+                   split_advantage=b(cfg.loss.advantage == "split"), merge=b(cfg.extraction.merge))
+
+
+@struct.dataclass
 class LoopState:
+    flags: MethodFlags
     actor: ts.TrainState
     extractor: ts.TrainState
     bank: bank_lib.ExperienceBank
@@ -51,21 +73,23 @@ class LoopState:
     env_steps: jax.Array  # [] int32 environment steps taken so far (training rollouts)
 
 
-def init_state(rt: Runtime, key) -> LoopState:
-    cfg = rt.cfg
+def init_state(rt: Runtime, key, cfg=None) -> LoopState:
+    """Fresh state from a run key. `cfg` (default `rt.cfg`) sets the method flags and the offline bank."""
+    cfg = cfg or rt.cfg
     k_run, k_a, k_e = jax.random.split(key, 3)
     actor = tr.create(rt.actor_config, jax.random.fold_in(k_a, cfg.actor.init_seed))
     extractor = tr.create(rt.extractor_config, jax.random.fold_in(k_e, cfg.extractor.init_seed))
-    tx_a = ts.make_optimizer(lr=cfg.actor.lr, weight_decay=cfg.actor.weight_decay, grad_clip=cfg.actor.grad_clip)
-    tx_e = ts.make_optimizer(lr=cfg.extractor.lr, weight_decay=cfg.extractor.weight_decay,
-                             grad_clip=cfg.extractor.grad_clip)
-    resp_len, prompt_len = cfg.extraction.max_new_tokens, cfg.extraction.prompt_len
-    if cfg.edits_bank and cfg.extraction.merge:  # merge generations share the buffer
-        resp_len, prompt_len = max(resp_len, merge_response_len(cfg)), max(prompt_len, merge_prompt_len(rt))
+    # Merge generations share the buffer with distillations: room for both.
+    resp_len = max(cfg.extraction.max_new_tokens, merge_response_len(cfg))
+    prompt_len = max(cfg.extraction.prompt_len, merge_prompt_len(rt))
+    bank = bank_lib.init(cfg.bank.capacity, cfg.bank.entry_len, cfg.bank.key_dim)
+    if cfg.method == "offline":
+        bank = load_offline_bank(rt, bank, cfg.bank.offline_path)
     return LoopState(
-        actor=ts.create_train_state(actor, tx_a),
-        extractor=ts.create_train_state(extractor, tx_e),
-        bank=bank_lib.init(cfg.bank.capacity, cfg.bank.entry_len, cfg.bank.key_dim),
+        flags=MethodFlags.from_config(cfg),
+        actor=ts.create_train_state(actor, rt.actor_tx),  # the Runtime's optimizers: one compiled program
+        extractor=ts.create_train_state(extractor, rt.extractor_tx),
+        bank=bank,
         buffer=buffer_lib.init(cfg.extraction.buffer_capacity, prompt_len, resp_len),
         key=k_run, step=jnp.int32(0), env_steps=jnp.int32(0))
 
@@ -77,20 +101,21 @@ def query_keys(rt: Runtime, env, renderer, key, tasks, task_tokens, task_len):
     return rt.embedder(q, q_len)
 
 
-def guided_mask(rt: Runtime, step) -> jax.Array:
+def guided_mask(rt: Runtime, flags: MethodFlags, step) -> jax.Array:
     """[G, K] bool: which rollouts retrieve experience this step."""
     cfg = rt.cfg
     G, K = cfg.rollout.groups, cfg.rollout.group_size
-    if not cfg.uses_bank:
-        return jnp.zeros((G, K), bool)
-    half = jnp.arange(K) < (K // 2 if cfg.loss.group_split else K)
-    return jnp.broadcast_to(half, (G, K)) & (step >= cfg.bank.warmup_steps)
+    n_guided = jnp.where(flags.group_split, K // 2, K)
+    guided = jnp.arange(K) < n_guided
+    return jnp.broadcast_to(guided, (G, K)) & (step >= cfg.bank.warmup_steps) & flags.uses_bank
 
 
 def retrieve_entries(rt: Runtime, bank, key, step, q, guided, *, diverse: bool = True):
     """-> (bank, slots [N], exp [N, L], exp_len [N], has_exp [N]) for a flat guided mask [N]."""
     b = rt.cfg.bank
-    kw = dict(diversity_lambda=b.diversity_lambda, recent_steps=b.recent_steps, demote_p=b.demote_p) if diverse \
+    # bank.retrieve counts an entry as recent when step - last_retrieved < r; ours: within the last
+    # `recent_steps` steps before this one, hence r = recent_steps + 1.
+    kw = dict(diversity_lambda=b.diversity_lambda, recent_steps=b.recent_steps + 1, demote_p=b.demote_p) if diverse \
         else dict(diversity_lambda=0.0, recent_steps=0, demote_p=0.0)
     bank, slots, found = bank_lib.retrieve(bank, q, jnp.zeros(q.shape[:1], jnp.int32), key, step, top_k=1,
                                            candidates=b.candidates, query_mask=guided, **kw)
@@ -111,7 +136,8 @@ def iteration(rt: Runtime, state: LoopState):
     # 1-2. tasks, split, retrieval
     tasks = jnp.repeat(jax.random.randint(k_task, (G,), 0, rt.env.num_tasks), K)
     task_tokens, task_len = rt.train_task_tokens[tasks], rt.train_task_len[tasks]
-    guided = guided_mask(rt, step).reshape(N)
+    flags = state.flags
+    guided = guided_mask(rt, flags, step).reshape(N)
     q = query_keys(rt, rt.env, rt.renderer, k_roll, tasks, task_tokens, task_len)
     bank, slots, exp, exp_len, has_exp = retrieve_entries(rt, state.bank, k_ret, step, q, guided)
 
@@ -130,26 +156,29 @@ def iteration(rt: Runtime, state: LoopState):
     credited = er.count > 0
     buffer = buffer_lib.credit(state.buffer, bank.source, er.mean, jnp.ones_like(er.count), credited & (bank.source >= 0))
 
-    # 5. distillation
-    n_add = n_upd = n_ret = n_inv = jnp.int32(0)
-    if cfg.edits_bank:
-        mask = has_exp if cfg.extraction.distill == "guided_only" else jnp.ones((N,), bool)
-        d = distill(rt, bank, buffer, state.extractor.params, k_ext, step, task_tokens=task_tokens,
+    # 5. distillation (skipped at run time for methods that do not edit the bank)
+    mask = has_exp if cfg.extraction.distill == "guided_only" else jnp.ones((N,), bool)
+
+    def do_distill(bb):
+        d = distill(rt, bb[0], bb[1], state.extractor.params, k_ext, step, task_tokens=task_tokens,
                     task_len=task_len, episodes=ep, keys=q, exp=exp, exp_len=exp_len, has_exp=has_exp,
                     slots=slots, mask=mask)
-        bank, buffer = d.bank, d.buffer
-        n_add, n_upd, n_ret, n_inv = d.n_add, d.n_update, d.n_return, d.n_invalid
+        return d.bank, d.buffer, jnp.stack([d.n_add, d.n_update, d.n_return, d.n_invalid]).astype(jnp.int32)
+
+    bank, buffer, ops = jax.lax.cond(flags.edits_bank, do_distill,
+                                     lambda bb: (bb[0], bb[1], jnp.zeros((4,), jnp.int32)), (bank, buffer))
+    n_add, n_upd, n_ret, n_inv = ops[0], ops[1], ops[2], ops[3]
 
     # 6. one co-update
-    ab, a_metrics = actor_batch(rt, ep, guided.reshape(G, K), k_rows)
-    ready = buffer_lib.ready(buffer, cfg.extraction.batch) & cfg.trains_extractor
-    popped, eb = extractor_batch(rt, buffer, step, ready)
-    buffer = popped
-    ab = ab if cfg.trains_actor else ab.replace(weight=jnp.zeros_like(ab.weight))
+    ab, a_metrics = actor_batch(rt, ep, guided.reshape(G, K), flags.split_advantage, k_rows)
+    ready = buffer_lib.ready(buffer, cfg.extraction.batch) & flags.trains_extractor
+    buffer, eb = extractor_batch(rt, buffer, step, ready)
+    ab = ab.replace(weight=jnp.where(flags.trains_actor, ab.weight, 0.0))  # zero weight: no actor step
     actor, extractor, u_metrics = rt.co_update(state.actor, state.extractor, ab, eb)
 
     # 7. merge
-    bank, buffer, n_merged = maybe_merge(rt, bank, buffer, extractor.params, k_merge, step)
+    bank, buffer, n_merged = maybe_merge(rt, bank, buffer, extractor.params, k_merge, step,
+                                         flags.edits_bank & flags.merge)
 
     metrics = {
         "success_guided": _masked_mean(success, guided),
@@ -169,9 +198,16 @@ def iteration(rt: Runtime, state: LoopState):
     }
     env_steps = state.env_steps + ep.turns.sum().astype(jnp.int32)
     metrics["env_steps"] = env_steps.astype(jnp.float32)
-    new = LoopState(actor=actor, extractor=extractor, bank=bank, buffer=buffer, key=state.key, step=step + 1,
+    new = LoopState(flags=flags, actor=actor, extractor=extractor, bank=bank, buffer=buffer, key=state.key, step=step + 1,
                     env_steps=env_steps)
     return new, metrics
+
+
+def load_offline_bank(rt: Runtime, bank, path: str):
+    """method=offline: fill the bank from a JSON-lines file written by `crl-jax bank export`."""
+    from crl_jax.bank_io import load_jsonl
+
+    return load_jsonl(bank, rt.tokenizer, path, rt.embedder)
 
 
 def _masked_mean(x, m):
@@ -182,31 +218,37 @@ def _masked_mean(x, m):
 EVAL_KEYS = ("eval_heldin_with_exp", "eval_heldin_without_exp", "eval_heldout_with_exp", "eval_heldout_without_exp")
 
 
-def step_with_eval(rt: Runtime, state: LoopState):
-    """iteration, then (every eval.every steps and at the last step) the four evaluations; NaN otherwise."""
+def step_with_eval(rt: Runtime, state: LoopState, last_step):
+    """iteration, then (every eval.every steps and at `last_step`) the four evaluations; NaN otherwise.
+
+    `last_step` is a traced scalar, so runs of different lengths share one compiled program.
+    """
     state, m = iteration(rt, state)
-    every, last = rt.cfg.eval.every, rt.cfg.steps
-    due = (state.step == last) if every == 0 else ((state.step % every == 0) | (state.step == last))
+    every = rt.cfg.eval.every
+    due = (state.step == last_step) if every == 0 else ((state.step % every == 0) | (state.step == last_step))
     nan = {k: jnp.float32(jnp.nan) for k in EVAL_KEYS}
     ev = jax.lax.cond(due, lambda s: evaluate_all(rt, s), lambda s: nan, state)
     return state, {**m, **ev}
 
 
-def run_steps(rt: Runtime, state: LoopState, num_steps: int):
+def run_steps(rt: Runtime, state: LoopState, num_steps: int, last_step):
     """`num_steps` iterations as one `lax.scan` -> (state, metrics with a leading [num_steps] axis)."""
-    return jax.lax.scan(lambda s, _: step_with_eval(rt, s), state, None, length=num_steps)
+    return jax.lax.scan(lambda s, _: step_with_eval(rt, s, last_step), state, None, length=num_steps)
 
 
-def train(cfg_or_rt, key):
-    """Pure run: init + scan over all steps -> (final LoopState, metrics [steps]). jit/vmap-able in `key`."""
+def train(cfg, key):
+    """Pure run: init + scan over all `cfg.steps` -> (final LoopState, metrics [steps]).
+
+    jit- and vmap-able in `key`: `jax.jit(jax.vmap(lambda k: train(cfg, k)))(keys)` is a seed sweep.
+    """
     from crl_jax.runtime import build
 
-    rt = cfg_or_rt if isinstance(cfg_or_rt, Runtime) else build(cfg_or_rt)
-    state = init_state(rt, key)
-    return run_steps(rt, state, rt.cfg.steps)
+    rt = build(cfg)
+    return run_steps(rt, init_state(rt, key, cfg), cfg.steps, cfg.steps)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=16)
 def compiled_chunk(rt: Runtime, num_steps: int):
-    """A jitted `run_steps` for a fixed chunk length (the CLI's unit between checkpoints)."""
-    return jax.jit(lambda s: run_steps(rt, s, num_steps), donate_argnums=(0,))
+    """Jitted `(state, last_step) -> run_steps(...)` for a fixed chunk length (the CLI's unit between
+    checkpoints); shared by every seed and run length of one config."""
+    return jax.jit(lambda s, last: run_steps(rt, s, num_steps, last))

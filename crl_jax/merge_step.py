@@ -49,11 +49,9 @@ def run_merge(rt, bank, buffer, eparams, key, step):
     return bank, buffer, jnp.sum(flat.mask).astype(jnp.int32)
 
 
-def maybe_merge(rt, bank, buffer, eparams, key, step):
-    """run_merge on steps where (step + 1) % merge_every == 0 (and the method edits the bank)."""
+def maybe_merge(rt, bank, buffer, eparams, key, step, enabled):
+    """run_merge on steps where (step + 1) % merge_every == 0 and `enabled` (traced bool)."""
     cfg = rt.cfg
-    if not (cfg.edits_bank and cfg.extraction.merge):
-        return bank, buffer, jnp.int32(0)
-    due = (step + 1) % cfg.extraction.merge_every == 0
+    due = ((step + 1) % cfg.extraction.merge_every == 0) & enabled
     return jax.lax.cond(due, lambda a: run_merge(rt, *a, eparams, key, step),
                         lambda a: (a[0], a[1], jnp.int32(0)), (bank, buffer))

@@ -17,6 +17,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 
 from crl_jax import loop
 from crl_jax.checkpoint import Checkpointer, CheckpointError
@@ -53,7 +54,7 @@ def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = T
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump({**to_dict(cfg), "label": label or cfg.method}, f, indent=2)
     rt = build(cfg)
-    template = loop.init_state(rt, jax.random.key(cfg.seed))
+    template = loop.init_state(rt, jax.random.key(cfg.seed), cfg)
     ck = Checkpointer(out_dir, keep=cfg.keep_checkpoints)
     writer = MetricsWriter(out_dir)
     state, done = template, 0
@@ -73,7 +74,7 @@ def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = T
     t0 = time.time()
     while done < cfg.steps:
         n = min(cfg.checkpoint_every - done % cfg.checkpoint_every, cfg.steps - done)
-        state, metrics = loop.compiled_chunk(rt, n)(state)
+        state, metrics = loop.compiled_chunk(rt, n)(state, jnp.int32(cfg.steps))
         rows = rows_from_chunk(jax.device_get(metrics), done)
         writer.write(rows)
         done += n

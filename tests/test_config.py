@@ -8,7 +8,7 @@ from crl_jax.config import Config, ConfigError, load, parse_overrides
 def test_defaults_are_the_embedded_default():
     cfg = load(None)
     assert cfg == Config()
-    assert cfg.method == "crl" and cfg.env.name == "room" and cfg.env.params == {"dark": True}
+    assert cfg.method == "crl" and cfg.env.name == "room" and cfg.env.params["dark"] is True
 
 
 def test_file_and_overrides(tmp_path):

@@ -146,7 +146,7 @@ class Env:
     task_text: str = ""
 
     def __init__(self, *, pool: str = "train", num_tasks: int | None = None, pool_seed: int = 0,
-                 max_steps: int = 30, eval_permille: int = 200):
+                 max_steps: int = 30, eval_permille: int = 200, legend: bool = True):
         if pool not in POOL_IDS:
             raise ValueError(f"make(...): pool must be 'train' or 'eval', got {pool!r}")
         if num_tasks is None:
@@ -160,6 +160,7 @@ class Env:
         self.pool_seed = int(pool_seed)
         self.max_steps = int(max_steps)
         self.eval_permille = int(eval_permille)
+        self.legend = bool(legend)  # text view ends with "Legend: ..." (off: shorter prompts for tiny models)
         self.messages = COMMON_MESSAGES + tuple(self.env_messages)
 
     # ---- subclass hooks ------------------------------------------------------------------

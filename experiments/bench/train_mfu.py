@@ -1,0 +1,78 @@
+"""Training throughput and MFU of one actor update on a real-model shape with random weights.
+
+    python experiments/bench/train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --json OUT
+
+One step = forward + backward of the token log-prob loss (`train_state.token_logprobs`, full-vocabulary
+logits in float32) + AdamW, bf16 parameters, optional remat per block. MFU = model FLOPs / time / peak,
+with model FLOPs = 6 * (non-embedding params + unembedding) * tokens + 6 * L * T * H_attn * tokens
+(causal attention counted at half). Peak defaults to the H200's 989 TFLOP/s dense bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from crl_jax import train_state as ts
+from crl_jax.models import transformer as tr
+from crl_jax.models.presets import preset_config
+
+
+def model_flops_per_token(cfg, seq: int) -> float:
+    D = cfg.dim_head
+    per_layer = (cfg.hidden_size * (cfg.num_heads + 2 * cfg.num_kv_heads) * D + cfg.num_heads * D * cfg.hidden_size
+                 + 3 * cfg.hidden_size * cfg.intermediate_size)
+    dense = cfg.num_layers * per_layer + cfg.hidden_size * cfg.vocab_size
+    attn = cfg.num_layers * seq * cfg.num_heads * D  # QK^T and PV, causal half: 2 * 2 * T * H * D / 2 per token
+    return 6.0 * dense + 6.0 * attn
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="qwen2.5-0.5b")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--remat", type=int, default=1)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--peak", type=float, default=989e12)
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    cfg = preset_config(a.preset, param_dtype="bfloat16", remat=bool(a.remat))
+    state = ts.create_train_state(tr.create(cfg, jax.random.key(0)), optax.adamw(1e-5))
+    toks = jax.random.randint(jax.random.key(1), (a.batch, a.seq), 0, cfg.vocab_size)
+    mask = jnp.ones((a.batch, a.seq), bool)
+
+    def loss_fn(gd, params, batch):
+        logp, _ = ts.token_logprobs(gd, params, batch, mask)
+        return -jnp.sum(logp), (jnp.float32(a.batch * (a.seq - 1)), {})
+
+    step = jax.jit(lambda s, b: ts.apply_update(s, b, loss_fn, 1), donate_argnums=(0,))
+    t0 = time.time()
+    state, m = step(state, toks)
+    jax.block_until_ready(m)
+    compile_s = time.time() - t0
+    times = []
+    for _ in range(a.reps):
+        t0 = time.time()
+        state, m = step(state, toks)
+        jax.block_until_ready(m)
+        times.append(time.time() - t0)
+    dt = sorted(times)[len(times) // 2]
+    tokens = a.batch * a.seq
+    flops = model_flops_per_token(cfg, a.seq) * tokens
+    row = dict(preset=a.preset, batch=a.batch, seq=a.seq, remat=a.remat, params_m=tr.num_params(state.params) / 1e6,
+               step_s=dt, tokens_per_s=tokens / dt, tflops=flops / dt / 1e12, mfu=flops / dt / a.peak,
+               compile_s=compile_s, device=str(jax.devices()[0].device_kind), loss=float(m["loss"]))
+    print(json.dumps(row, indent=2))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(row, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
