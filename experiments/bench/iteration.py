@@ -51,8 +51,8 @@ def main(argv=None):
     rows["compile_s"] = time.time() - t0
     for m, cfg in cfgs.items():
         # last_step far away: no evaluation inside the timed steps; merge every step (worst case for CRL)
-        rows[f"{m}_step_s"] = timed_chunk(lambda s, _: chunk(s, jnp.int32(10**6)), loop.init_state(rt, jax.random.key(0), cfg),
-                                          a.steps, a.reps)
+        state = loop.init_state(rt, jax.random.key(0), cfg)
+        rows[f"{m}_step_s"] = timed_chunk(lambda s, _: chunk(s, jnp.int32(10**6)), state, a.steps, a.reps)
     rows["crl_over_grpo"] = rows["crl_step_s"] / rows["grpo_step_s"]
     print(json.dumps(rows), flush=True)
     keys = jnp.stack([jax.random.key(i) for i in range(a.seeds)])
