@@ -126,6 +126,12 @@ def retrieve_entries(rt: Runtime, bank, key, step, q, guided, *, diverse: bool =
     return bank, jnp.where(has, slot, -1), exp, exp_len, has
 
 
+def entry_credit(variant, success, entry_ids, guided, G, K, capacity):
+    """Per-entry extractor rewards of one step (METHOD.md §2 step 6) from flat [N = G*K] episode data."""
+    return rewards.entry_rewards(variant, success.reshape(G, K), entry_ids.reshape(G, K), capacity,
+                                 guided=guided.reshape(G, K))
+
+
 def iteration(rt: Runtime, state: LoopState):
     cfg = rt.cfg
     G, K = cfg.rollout.groups, cfg.rollout.group_size
@@ -149,8 +155,7 @@ def iteration(rt: Runtime, state: LoopState):
 
     # 4. extractor credit, before this step's edits change any entry's source
     entry_ids = jnp.where(has_exp, slots, -1)
-    er = rewards.entry_rewards(cfg.extraction.reward, success, entry_ids, cfg.bank.capacity,
-                               guided=guided.reshape(G, K))
+    er = entry_credit(cfg.extraction.reward, success, entry_ids, guided, G, K, cfg.bank.capacity)
     bank = bank_lib.credit(bank, slots, has_exp, 2.0 * success - 1.0, has_exp)
     bank, _, _, _ = bank_lib.take_credit(bank)
     credited = er.count > 0

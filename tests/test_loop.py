@@ -89,3 +89,37 @@ def test_methods_and_ablations_share_one_program_and_run(extra):
         assert np.all(np.isnan(np.asarray(m["success_free"])))
     if not cfg.extraction.merge:
         assert np.all(np.asarray(m["merged_entries"]) == 0)
+
+
+def test_extractor_credit_scripted_scenario():
+    """Entry 3 guides three successes, entry 5 one failure; free rollouts earn nothing."""
+    success = jnp.array([1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0])
+    guided = jnp.array([True, True, False, False, True, True, False, False])
+    entry_ids = jnp.array([3, 3, -1, -1, 5, 3, -1, -1])
+    er = loop.entry_credit("outcome", success, entry_ids, guided, 2, 4, 8)
+    np.testing.assert_allclose(np.asarray(er.mean)[[3, 5]], [(1 + 1 + 1) / 3, -1.0])
+    assert np.asarray(er.count).tolist() == [0, 0, 0, 3, 0, 1, 0, 0]
+    rel = loop.entry_credit("relative_to_free", success, entry_ids, guided, 2, 4, 8)
+    # group 0: free mean 0 -> entry 3 gets 1, 1; group 1: free mean 0.5 -> entry 5: -0.5, entry 3: +0.5
+    np.testing.assert_allclose(np.asarray(rel.mean)[[3, 5]], [(1 + 1 + 0.5) / 3, -0.5])
+
+
+def test_free_rollouts_never_see_bank_content():
+    """Same level and key: a free rollout handed an entry gets exactly the prompt of one handed nothing."""
+    from crl_jax.rollout import play
+
+    cfg = micro()
+    rt = build(cfg)
+    state = loop.init_state(rt, jax.random.key(0), cfg)
+    L = cfg.bank.entry_len
+    entry = jnp.full((3, L), rt.action_ids[0]).at[:, 3:].set(0)
+    tasks = jnp.zeros((3,), jnp.int32)
+    kw = dict(tasks=tasks, task_tokens=rt.train_task_tokens[tasks], task_len=rt.train_task_len[tasks],
+              num_turns=rt.num_turns, temperature=0.0, reset_keys=jnp.stack([jax.random.key(5)] * 3))
+    ep = jax.jit(lambda p: play(state.actor.graphdef, p, rt.env, rt.renderer, rt.seg, rt.action_ids,
+                                jax.random.key(1), exp=entry, exp_len=jnp.array([3, 3, 0]),
+                                has_exp=jnp.array([True, False, False]), **kw))(state.actor.params)
+    p = np.asarray(ep.prompts)
+    np.testing.assert_array_equal(p[1], p[2])  # free with an entry offered == free with nothing
+    n0, n1 = int(ep.prompt_len[0, 0]), int(ep.prompt_len[1, 0])
+    assert "Tip: " in rt.tokenizer.decode(p[0, 0, :n0]) and "Tip: " not in rt.tokenizer.decode(p[1, 0, :n1])
