@@ -80,7 +80,7 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    axes.flat[0].legend(fontsize=8)
+    axes.flat[1].legend(fontsize=8)  # the free-success panel has every method (guided is empty for grpo)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fig.savefig(out, dpi=90)
