@@ -10,7 +10,6 @@ uninterrupted one; a kill loses at most the steps since the last checkpoint.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -20,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from crl_jax import loop
-from crl_jax.checkpoint import Checkpointer, CheckpointError
+from crl_jax.checkpoint import Checkpointer
 from crl_jax.config import Config, ConfigError, to_dict
 from crl_jax.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
 from crl_jax.runtime import build
@@ -95,10 +94,3 @@ def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = T
     summary.update(method=cfg.method, seed=cfg.seed, steps=done, wall_seconds=round(time.time() - t0, 2))
     write_summary(out_dir, summary)
     return summary
-
-
-def replace(cfg: Config, **kw) -> Config:
-    return dataclasses.replace(cfg, **kw)
-
-
-__all__ = ["run", "CheckpointError"]
