@@ -111,6 +111,23 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class MeshConfig:
+    data: int = 1  # data-parallel axis size (-1: whatever the other axes leave)
+    fsdp: int = 1  # parameter/optimizer-state sharding axis size (-1: auto)
+    tensor: int = 1  # tensor-parallel axis (heads, mlp, vocab) size (-1: auto)
+    extractor_devices: float = 0.0  # 0: actor and extractor share the mesh; (0, 1): fraction of devices
+    #                                 given to a disjoint extractor sub-mesh
+    bank: Literal["replicated", "entries"] = "replicated"  # bank arrays replicated or sharded along entries
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    coordinator: str = ""  # "host:port" of process 0; "" = single process (or JAX_COORDINATOR_ADDRESS env)
+    num_processes: int = 1  # processes in the job
+    process_id: int = -1  # this process (-1: from the environment, e.g. JAX_PROCESS_ID)
+
+
+@dataclass(frozen=True)
 class Config:
     method: Literal["crl", "grpo", "static_online", "offline", "exp_only"] = "crl"  # METHOD.md §4
     seed: int = 0  # run key = jax.random.key(seed)
@@ -123,6 +140,8 @@ class Config:
     extraction: ExtractorConfig = field(default_factory=ExtractorConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh (crl_jax/sharding.py)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # multi-host start-up
     checkpoint_every: int = 10  # steps between Orbax checkpoints (and always at the end)
     keep_checkpoints: int = 3  # how many checkpoints to keep
 
@@ -312,6 +331,10 @@ def validate(cfg: Config) -> None:
     need(cfg.loss.microbatches >= 1, "loss.microbatches", "must be >= 1")
     need(cfg.loss.turn_rows >= 0, "loss.turn_rows", "must be >= 0")
     need(cfg.loss.turn_rows % cfg.loss.microbatches == 0, "loss.turn_rows", "must be divisible by loss.microbatches")
+    for ax in ("data", "fsdp", "tensor"):
+        need(getattr(cfg.mesh, ax) == -1 or getattr(cfg.mesh, ax) >= 1, f"mesh.{ax}", "must be >= 1 or -1 (auto)")
+    need(0.0 <= cfg.mesh.extractor_devices < 1.0, "mesh.extractor_devices", "must be in [0, 1)")
+    need(cfg.distributed.num_processes >= 1, "distributed.num_processes", "must be >= 1")
     for name in ("actor", "extractor"):
         m = getattr(cfg, name)
         need(m.lr > 0, f"{name}.lr", "must be > 0")
