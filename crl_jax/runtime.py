@@ -129,16 +129,32 @@ def build(cfg: Config) -> Runtime:
 
 
 def _build(cfg: Config) -> Runtime:
-    try:
-        env = envs.make(cfg.env.name, pool="train", num_tasks=cfg.env.num_train_tasks, pool_seed=cfg.env.pool_seed,
-                        **cfg.env.params)
-        eval_env = envs.make(cfg.env.name, pool="eval", num_tasks=cfg.env.num_eval_tasks,
-                             pool_seed=cfg.env.pool_seed, **cfg.env.params)
-    except (TypeError, KeyError, ValueError) as e:
-        raise ConfigError(f"env: cannot make {cfg.env.name!r} with params {cfg.env.params}: {e}") from None
+    # --- host adapters (crl_jax/host_env.py): descriptors with is_host=True and text -> tokens renderers;
+    # the games themselves run in crl_jax/host_loop.py ---
+    from crl_jax.envs.adapters import names as adapter_names
+
+    is_host = cfg.env.name in adapter_names()
+    if is_host:
+        from crl_jax.host_env import host_envs
+
+        env, eval_env = host_envs(cfg)
+    else:
+        try:
+            env = envs.make(cfg.env.name, pool="train", num_tasks=cfg.env.num_train_tasks,
+                            pool_seed=cfg.env.pool_seed, **cfg.env.params)
+            eval_env = envs.make(cfg.env.name, pool="eval", num_tasks=cfg.env.num_eval_tasks,
+                                 pool_seed=cfg.env.pool_seed, **cfg.env.params)
+        except (TypeError, KeyError, ValueError) as e:
+            raise ConfigError(f"env: cannot make {cfg.env.name!r} with params {cfg.env.params}: {e}") from None
     tok = tiny_tokenizer(env.action_names, extra=OPS)
-    renderer = make_token_renderer(env, tok)
-    eval_renderer = make_token_renderer(eval_env, tok)
+    if is_host:
+        from crl_jax.host_env import make_host_renderer
+
+        renderer, eval_renderer = make_host_renderer(env, tok), make_host_renderer(eval_env, tok)
+    else:
+        renderer = make_token_renderer(env, tok)
+        eval_renderer = make_token_renderer(eval_env, tok)
+    # --- end host adapters ---
     a_ids = jnp.asarray(action_token_ids(env, tok), jnp.int32)
     op_ids = jnp.asarray([tok.extra_id(o) for o in OPS], jnp.int32)
     T = min(cfg.env.max_turns, env.max_steps)

@@ -1,0 +1,117 @@
+"""Host-side environments in a `Runtime`: a light descriptor of an adapter pool and a text -> tokens renderer.
+
+The compiled loop needs, from an environment, only static facts (`num_tasks`, `action_names`,
+`max_steps`, `task_text`) and a renderer; the simulator itself (NetHack for MiniHack) runs on the host,
+one adapter instance per parallel game (`crl_jax.envs.adapters`). `HostEnv` carries those facts plus how
+to make the games (`make()`); `HostRenderer` turns an observation text into fixed-width tokens.
+
+Host-only keys of `env.params` (the rest go to the adapter's constructor):
+
+- `legend` (bool, default true): keep the `Legend: ...` line of the text view;
+- `max_obs_tokens` (int, default 256): observation width in tokens; longer texts are cut at the end
+  (the real MiniHack Room text is <= ~200 bytes with the legend; `HostRenderer.truncated` counts cuts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from crl_jax.config import ConfigError
+
+HOST_KEYS = {"legend": True, "max_obs_tokens": 256}
+# Adapters whose action set is fixed (one constrained token per action); text adapters change it per state.
+_FIXED_ACTIONS = ("minihack-room",)
+
+
+@dataclass(frozen=True, eq=False)
+class HostEnv:
+    """Static description of one pool of a host adapter (train or eval); `make()` builds one game."""
+
+    name: str
+    adapter_params: dict = field(hash=False)  # constructor kwargs of the adapter (without pool keys)
+    pool: str
+    num_tasks: int
+    pool_seed: int
+    action_names: tuple
+    task_text: str
+    max_steps: int
+    legend: bool = True
+    max_obs_tokens: int = 256
+    is_host: bool = True
+
+    def make(self):
+        from crl_jax.envs.adapters import make_adapter
+
+        return make_adapter(self.name, pool=self.pool, num_tasks=self.num_tasks, pool_seed=self.pool_seed,
+                            **self.adapter_params)
+
+
+def host_envs(cfg) -> tuple[HostEnv, HostEnv]:
+    """(train pool, eval pool) descriptors of `cfg.env` (a host adapter name); probes one game."""
+    from crl_jax.envs.adapters import make_adapter
+
+    e = cfg.env
+    if e.name not in _FIXED_ACTIONS:
+        raise ConfigError(f"env.name={e.name!r}: this host adapter has a per-state action set (admissible "
+                          "commands), which the constrained one-token actions of the tiny loop cannot express; "
+                          f"host adapters with a fixed action set: {list(_FIXED_ACTIONS)}")
+    params = dict(e.params)
+    host = {k: params.pop(k, v) for k, v in HOST_KEYS.items()}
+    for k in ("pool", "num_tasks", "pool_seed"):
+        if k in params:
+            raise ConfigError(f"env.params.{k}: set by the run (env.num_train_tasks / num_eval_tasks / pool_seed)")
+    try:
+        probe = make_adapter(e.name, pool="train", num_tasks=e.num_train_tasks, pool_seed=e.pool_seed, **params)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"env: cannot make host adapter {e.name!r} with params {e.params}: {err}") from None
+    facts = dict(action_names=tuple(probe.action_names), task_text=probe.task_text, max_steps=int(probe.max_steps))
+    close = getattr(probe, "close", None)
+    if close is not None:
+        close()
+
+    def one(pool, n):
+        return HostEnv(name=e.name, adapter_params=params, pool=pool, num_tasks=n, pool_seed=e.pool_seed,
+                       legend=bool(host["legend"]), max_obs_tokens=int(host["max_obs_tokens"]), **facts)
+
+    return one("train", e.num_train_tasks), one("eval", e.num_eval_tasks)
+
+
+@dataclass(eq=False)
+class HostRenderer:
+    """`renderer(text) -> (tokens int32[max_len], length)`; `batch(texts) -> ([N, max_len], [N])` (numpy).
+
+    Positions >= length hold `pad_id`. With `legend=False` the trailing `Legend: ...` line is dropped.
+    """
+
+    tokenizer: object
+    max_len: int
+    legend: bool = True
+    pad_id: int = 0
+    truncated: int = 0  # texts cut to max_len so far (host-side counter, not a metric)
+
+    def text(self, text: str) -> str:
+        if not self.legend:
+            head, sep, last = text.rpartition("\n")
+            if sep and last.startswith("Legend:"):
+                text = head
+        return text
+
+    def __call__(self, text: str):
+        ids = list(self.tokenizer.encode(self.text(text)))
+        if len(ids) > self.max_len:
+            self.truncated += 1
+            ids = ids[: self.max_len]
+        out = np.full((self.max_len,), self.pad_id, np.int32)
+        out[: len(ids)] = ids
+        return out, np.int32(len(ids))
+
+    def batch(self, texts):
+        rows = [self(t) for t in texts]
+        return np.stack([r[0] for r in rows]), np.array([r[1] for r in rows], np.int32)
+
+
+def make_host_renderer(env: HostEnv, tokenizer) -> HostRenderer:
+    return HostRenderer(tokenizer=tokenizer, max_len=env.max_obs_tokens, legend=env.legend,
+                        pad_id=int(getattr(tokenizer, "pad_id", 0) or 0))
