@@ -1,0 +1,132 @@
+"""Shared pieces of the Tunix comparison benchmarks (`tunix_sampler.py`, `tunix_agentic.py`).
+
+Tunix (`google-tunix` 0.1.7) lives in its own virtual environment (`tunix_setup.sh`; its pins would
+downgrade this project's packages), so its side runs as a subprocess (`_tunix_worker.py`, one JSON
+line on stdout) and ours in this interpreter. Both sides use the SAME weights: the worker builds the
+Tunix Llama3 model with `create_dummy_model(..., scale=0.1)`, writes its parameters to an `.npz`
+(`'/'`-joined Tunix paths), and `tunix_to_crl` turns them into this project's stacked layout.
+
+Pure helpers here (`bench_shape`, `tunix_to_crl`, `crl_config`) import neither tunix nor the venv and
+are unit-tested in `tests/test_bench_tunix.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "_tunix_worker.py")
+DEFAULT_VENV = os.environ.get("TUNIX_VENV", "/work/venvs/tunix")
+
+
+def bench_shape(vocab_size: int) -> dict:
+    """The model shape both sides run: a small Llama-3-like decoder (tied embeddings, GQA 4:2).
+
+    rope_theta is 1e6 because Tunix 0.1.7's Llama3 attention calls `apply_rope` without the config's
+    theta (its default is 1e6), so that is the theta its model actually uses.
+    """
+    return dict(vocab_size=int(vocab_size), embed_dim=256, hidden_dim=768, num_layers=4, num_heads=4,
+                num_kv_heads=2, head_dim=64, rope_theta=1_000_000, norm_eps=1e-5)
+
+
+def crl_config(shape: dict, param_dtype: str = "float32"):
+    """Our `TransformerConfig` for a `bench_shape` dict."""
+    from crl_jax.models import transformer as tr
+
+    return tr.TransformerConfig(
+        vocab_size=shape["vocab_size"], hidden_size=shape["embed_dim"], intermediate_size=shape["hidden_dim"],
+        num_layers=shape["num_layers"], num_heads=shape["num_heads"], num_kv_heads=shape["num_kv_heads"],
+        head_dim=shape["head_dim"], rope_theta=float(shape["rope_theta"]), rms_norm_eps=shape["norm_eps"],
+        tie_embeddings=True, max_position_embeddings=4096, param_dtype=param_dtype, family="llama")
+
+
+def tunix_to_crl(flat: dict, num_layers: int) -> dict:
+    """Tunix Llama3 parameters {'/'-joined path: array} -> our pure param dict (stacked layers).
+
+    Tunix: embedder/input_embedding [V, H]; layers/i/attn/q_proj/w [H, Nq, D], k_proj/v_proj [H, Nkv, D],
+    o_proj/w [Nq, D, H]; layers/i/mlp/{gate,up,down}_proj/kernel [in, out]; layers/i/input_layernorm/w,
+    post_attention_layernorm/w [H]; final_norm/w [H]; lm_head/w [H, V] when untied.
+    Ours: embed [V, H]; wq [L, H, Nq*D] (head-major, same GQA grouping q-head = kv*G + g); wk/wv
+    [L, H, Nkv*D]; wo [L, Nq*D, H]; w_gate/w_up [L, H, I]; w_down [L, I, H]; attn_norm/mlp_norm [L, H];
+    final_norm [H]; lm_head [H, V] when untied.
+    """
+    def layer(i, name):
+        for prefix in (f"layers/{i}/", f"layers/layers/{i}/"):
+            if prefix + name in flat:
+                return np.asarray(flat[prefix + name])
+        raise KeyError(f"tunix_to_crl: no parameter layers/{i}/{name}; have e.g. {sorted(flat)[:6]}")
+
+    def stack(name, fn=lambda a: a):
+        return np.stack([fn(layer(i, name)) for i in range(num_layers)])
+
+    flat2 = lambda a: a.reshape(a.shape[0], -1)  # noqa: E731  [H, N, D] -> [H, N*D]
+    out = {
+        "embed": np.asarray(flat["embedder/input_embedding"]),
+        "attn_norm": stack("input_layernorm/w"),
+        "wq": stack("attn/q_proj/w", flat2),
+        "wk": stack("attn/k_proj/w", flat2),
+        "wv": stack("attn/v_proj/w", flat2),
+        "wo": stack("attn/o_proj/w", lambda a: a.reshape(-1, a.shape[-1])),  # [Nq, D, H] -> [Nq*D, H]
+        "mlp_norm": stack("post_attention_layernorm/w"),
+        "w_gate": stack("mlp/gate_proj/kernel"),
+        "w_up": stack("mlp/up_proj/kernel"),
+        "w_down": stack("mlp/down_proj/kernel"),
+        "final_norm": np.asarray(flat["final_norm/w"]),
+    }
+    if "lm_head/w" in flat:
+        out["lm_head"] = np.asarray(flat["lm_head/w"])
+    return out
+
+
+def venv_python(venv: str) -> str:
+    py = os.path.join(venv, "bin", "python")
+    if not os.path.exists(py):
+        raise SystemExit(f"no Tunix venv at {venv}: run `bash experiments/bench/tunix_setup.sh {venv}` first")
+    return py
+
+
+def run_worker(venv: str, mode: str, args: dict, timeout: float = 3600) -> dict:
+    """Run `_tunix_worker.py MODE JSON` in the Tunix venv; return its last stdout line as JSON."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # keep this project's site-packages out of the venv
+    env.setdefault("JAX_PLATFORMS", os.environ.get("JAX_PLATFORMS", ""))
+    p = subprocess.run([venv_python(venv), WORKER, mode, json.dumps(args)], capture_output=True, text=True,
+                       timeout=timeout, env=env, cwd=HERE)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr[-4000:])
+        raise RuntimeError(f"tunix worker {mode} failed (rc {p.returncode})")
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1])
+
+
+def load_shared_weights(venv: str, shape: dict, seed: int, path: str, param_dtype: str = "float32"):
+    """Export the Tunix dummy model's weights (worker) and load them into our model.
+
+    Returns (graphdef, params, max |logit difference| of the two models on a fixed batch).
+    """
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from crl_jax.models import transformer as tr
+
+    info = run_worker(venv, "export", dict(shape=shape, seed=seed, out=path))
+    data = np.load(path)
+    flat = {k: data[k] for k in data.files if not k.startswith("__")}
+    pure = tunix_to_crl(flat, shape["num_layers"])
+    cfg = crl_config(shape, param_dtype)
+    model = nnx.eval_shape(lambda: tr.create(cfg, jax.random.key(0)))
+    gd, abstract = tr.split(model)
+    pure = {k: jnp.asarray(v, dtype=abstract[k].value.dtype) for k, v in pure.items()}
+    nnx.replace_by_pure_dict(abstract, pure)
+    params = abstract
+    ref_tokens, ref_logits = data["__tokens"], data["__logits"]
+    ours = np.asarray(tr.apply(gd, params, jnp.asarray(ref_tokens)))
+    diff = float(np.max(np.abs(ours - ref_logits)))
+    info["logit_max_abs_diff"] = diff
+    return gd, params, info
