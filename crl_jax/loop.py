@@ -21,6 +21,7 @@ resumed run is identical to an uninterrupted one.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ from flax import struct
 
 from crl_jax import bank as bank_lib
 from crl_jax import buffer as buffer_lib
-from crl_jax import losses, rewards
+from crl_jax import rewards
 from crl_jax import train_state as ts
 from crl_jax.batches import actor_batch, extractor_batch
 from crl_jax.distill import distill
@@ -36,7 +37,7 @@ from crl_jax.evaluate import evaluate_all
 from crl_jax.merge_step import maybe_merge, merge_prompt_len, merge_response_len
 from crl_jax.models import transformer as tr
 from crl_jax.packing import pack_segments
-from crl_jax.rollout import first_observation, play
+from crl_jax.rollout import Episodes, first_observation, play
 from crl_jax.runtime import Runtime
 
 
@@ -97,6 +98,11 @@ def init_state(rt: Runtime, key, cfg=None) -> LoopState:
 def query_keys(rt: Runtime, env, renderer, key, tasks, task_tokens, task_len):
     """Retrieval queries [N, D]: embedding of task text + first observation (one key space for all)."""
     obs, obs_len = first_observation(env, renderer, key, tasks)
+    return query_from_observation(rt, task_tokens, task_len, obs, obs_len)
+
+
+def query_from_observation(rt: Runtime, task_tokens, task_len, obs, obs_len):
+    """[N, D] embeddings of task text + rendered first observation."""
     q, q_len = jax.vmap(lambda a, b, c, d: pack_segments([(a, b), (c, d)]))(task_tokens, task_len, obs, obs_len)
     return rt.embedder(q, q_len)
 
@@ -132,25 +138,79 @@ def entry_credit(variant, success, entry_ids, guided, G, K, capacity):
                                  guided=guided.reshape(G, K))
 
 
+class StepKeys(NamedTuple):
+    task: jax.Array
+    roll: jax.Array
+    ret: jax.Array
+    ext: jax.Array
+    merge: jax.Array
+    rows: jax.Array
+
+
+def step_keys(state: LoopState) -> StepKeys:
+    """The keys of one iteration, a pure function of (run key, step)."""
+    return StepKeys(*jax.random.split(jax.random.fold_in(state.key, state.step), 6))
+
+
+def sample_tasks(rt: Runtime, state: LoopState) -> jax.Array:
+    """[N = G*K] training-pool task indices of this step (each of G tasks repeated K times)."""
+    G, K = rt.cfg.rollout.groups, rt.cfg.rollout.group_size
+    return jnp.repeat(jax.random.randint(step_keys(state).task, (G,), 0, rt.env.num_tasks), K)
+
+
+class Prepared(NamedTuple):
+    """Everything the rollouts of one step need, decided before they start (steps 1-2)."""
+
+    tasks: jax.Array  # [N] int32
+    task_tokens: jax.Array  # [N, Lt]
+    task_len: jax.Array  # [N]
+    guided: jax.Array  # [N] bool
+    q: jax.Array  # [N, D] retrieval queries (also the keys of new entries)
+    bank: bank_lib.ExperienceBank  # after retrieval bookkeeping
+    slots: jax.Array  # [N] retrieved slot or -1
+    exp: jax.Array  # [N, L] retrieved entry tokens (0 where none)
+    exp_len: jax.Array  # [N]
+    has_exp: jax.Array  # [N] bool
+
+
+def prepare(rt: Runtime, state: LoopState, obs=None, obs_len=None) -> Prepared:
+    """Steps 1-2: tasks, guided/free split, retrieval. `obs` [N, Lo] / `obs_len` [N]: the rendered first
+    observations (default: from the built-in env with the reset keys `play` uses); host-side environments
+    pass their own."""
+    cfg = rt.cfg
+    N = cfg.rollout.groups * cfg.rollout.group_size
+    k = step_keys(state)
+    tasks = sample_tasks(rt, state)
+    task_tokens, task_len = rt.train_task_tokens[tasks], rt.train_task_len[tasks]
+    guided = guided_mask(rt, state.flags, state.step).reshape(N)
+    if obs is None:
+        obs, obs_len = first_observation(rt.env, rt.renderer, k.roll, tasks)
+    q = query_from_observation(rt, task_tokens, task_len, obs, obs_len)
+    bank, slots, exp, exp_len, has_exp = retrieve_entries(rt, state.bank, k.ret, state.step, q, guided)
+    return Prepared(tasks, task_tokens, task_len, guided, q, bank, slots, exp, exp_len, has_exp)
+
+
 def iteration(rt: Runtime, state: LoopState):
+    """One step of the built-in-env loop: `prepare` -> compiled `play` -> `finish`."""
+    cfg = rt.cfg
+    p = prepare(rt, state)
+    ep = play(state.actor.graphdef, state.actor.params, rt.env, rt.renderer, rt.seg, rt.action_ids,
+              step_keys(state).roll, tasks=p.tasks, task_tokens=p.task_tokens, task_len=p.task_len, exp=p.exp,
+              exp_len=p.exp_len, has_exp=p.has_exp, num_turns=rt.num_turns, temperature=cfg.actor.temperature,
+              turn_marker=cfg.rollout.turn_marker)
+    return finish(rt, state, p, ep)
+
+
+def finish(rt: Runtime, state: LoopState, p: Prepared, ep: Episodes):
+    """Steps 4-7 from the played episodes: credit, distillation, co-update, merge -> (state, metrics)."""
     cfg = rt.cfg
     G, K = cfg.rollout.groups, cfg.rollout.group_size
     N = G * K
-    k_task, k_roll, k_ret, k_ext, k_merge, k_rows = jax.random.split(jax.random.fold_in(state.key, state.step), 6)
-    step = state.step
-
-    # 1-2. tasks, split, retrieval
-    tasks = jnp.repeat(jax.random.randint(k_task, (G,), 0, rt.env.num_tasks), K)
-    task_tokens, task_len = rt.train_task_tokens[tasks], rt.train_task_len[tasks]
-    flags = state.flags
-    guided = guided_mask(rt, flags, step).reshape(N)
-    q = query_keys(rt, rt.env, rt.renderer, k_roll, tasks, task_tokens, task_len)
-    bank, slots, exp, exp_len, has_exp = retrieve_entries(rt, state.bank, k_ret, step, q, guided)
-
-    # 3. rollouts
-    ep = play(state.actor.graphdef, state.actor.params, rt.env, rt.renderer, rt.seg, rt.action_ids, k_roll,
-              tasks=tasks, task_tokens=task_tokens, task_len=task_len, exp=exp, exp_len=exp_len, has_exp=has_exp,
-              num_turns=rt.num_turns, temperature=cfg.actor.temperature, turn_marker=cfg.rollout.turn_marker)
+    k = step_keys(state)
+    k_ext, k_merge, k_rows = k.ext, k.merge, k.rows
+    step, flags = state.step, state.flags
+    task_tokens, task_len, guided, q = p.task_tokens, p.task_len, p.guided, p.q
+    bank, slots, exp, exp_len, has_exp = p.bank, p.slots, p.exp, p.exp_len, p.has_exp
     success = ep.success.astype(jnp.float32)
 
     # 4. extractor credit, before this step's edits change any entry's source
@@ -239,6 +299,53 @@ def step_with_eval(rt: Runtime, state: LoopState, last_step):
 def run_steps(rt: Runtime, state: LoopState, num_steps: int, last_step):
     """`num_steps` iterations as one `lax.scan` -> (state, metrics with a leading [num_steps] axis)."""
     return jax.lax.scan(lambda s, _: step_with_eval(rt, s, last_step), state, None, length=num_steps)
+
+
+def run_steps_vmapped(rt: Runtime, states: LoopState, num_steps: int, last_step, shared_flags=None):
+    """Several runs at once: `states` has a leading [S] axis on every leaf, all runs at the same step.
+
+    Same results as `jax.vmap(lambda s: run_steps(rt, s, n, last))(states)`, but the step counter (and, with
+    `shared_flags`, the method flags) stays unbatched inside the vmap, so the `lax.cond`s that depend on
+    them (evaluation due, distillation, merge, extractor update) remain real branches instead of
+    becoming `select`s that compute both sides for every run (a plain vmap evaluates every step).
+    `shared_flags`: one `MethodFlags` for all runs (e.g. a seed sweep of one method), or None when the
+    runs differ in method (then those conds become selects: every run pays for the bank's work).
+    """
+
+    def body(st, _):
+        step = st.step[0]  # every run is at the same step
+
+        def one(s):
+            s = s.replace(step=step, flags=shared_flags if shared_flags is not None else s.flags)
+            return step_with_eval(rt, s, last_step)
+
+        new, m = jax.vmap(one)(st)
+        if shared_flags is not None:  # keep the state's per-run flags leaves batched (checkpoint shape)
+            new = new.replace(flags=st.flags)
+        return new, m
+
+    return jax.lax.scan(body, states, None, length=num_steps)
+
+
+@functools.lru_cache(maxsize=16)
+def compiled_chunk_vmapped(rt: Runtime, num_steps: int, shared_method: bool):
+    """Jitted `(states [S], last_step) -> run_steps_vmapped(...)`; with `shared_method` the flags of run 0
+    are used for all runs (the caller guarantees they are equal)."""
+
+    def fn(states, last):
+        flags = jax.tree_util.tree_map(lambda x: x[0], states.flags) if shared_method else None
+        return run_steps_vmapped(rt, states, num_steps, last, flags)
+
+    return jax.jit(fn)
+
+
+def stack_states(states: list[LoopState]) -> LoopState:
+    """[S] runs -> one LoopState with a leading [S] axis (typed keys stack too)."""
+    return jax.tree_util.tree_map(lambda *x: jnp.stack(x), *states)
+
+
+def unstack_state(states: LoopState, i: int) -> LoopState:
+    return jax.tree_util.tree_map(lambda x: x[i], states)
 
 
 def train(cfg, key):
