@@ -1,0 +1,109 @@
+"""Pure helpers of the Tunix comparison benchmarks (no tunix, no venv): the weight-layout conversion.
+
+A tiny random Tunix-layout tree is converted with `tunix_to_crl`; the checks are on exact element
+positions (hand-derived from the two layouts) and on our model's forward against a plain numpy
+re-implementation of Tunix's Llama3 block with the original Tunix-layout arrays.
+"""
+
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from crl_jax.models import transformer as tr
+
+_PATH = os.path.join(os.path.dirname(__file__), "..", "experiments", "bench", "tunix_common.py")
+_spec = importlib.util.spec_from_file_location("tunix_common", _PATH)
+tc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tc)
+
+SHAPE = dict(vocab_size=11, embed_dim=8, hidden_dim=12, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4,
+             rope_theta=1_000_000, norm_eps=1e-5)
+
+
+def tunix_tree(seed=0):
+    s = SHAPE
+    rng = np.random.default_rng(seed)
+    H, I, N, K, D = s["embed_dim"], s["hidden_dim"], s["num_heads"], s["num_kv_heads"], s["head_dim"]
+    f = {"embedder/input_embedding": rng.normal(size=(s["vocab_size"], H)), "final_norm/w": rng.normal(size=H)}
+    for i in range(s["num_layers"]):
+        p = f"layers/{i}/"
+        f[p + "attn/q_proj/w"] = rng.normal(size=(H, N, D))
+        f[p + "attn/k_proj/w"] = rng.normal(size=(H, K, D))
+        f[p + "attn/v_proj/w"] = rng.normal(size=(H, K, D))
+        f[p + "attn/o_proj/w"] = rng.normal(size=(N, D, H))
+        f[p + "mlp/gate_proj/kernel"] = rng.normal(size=(H, I))
+        f[p + "mlp/up_proj/kernel"] = rng.normal(size=(H, I))
+        f[p + "mlp/down_proj/kernel"] = rng.normal(size=(I, H))
+        f[p + "input_layernorm/w"] = rng.normal(size=H)
+        f[p + "post_attention_layernorm/w"] = rng.normal(size=H)
+    return {k: (0.3 * v).astype(np.float32) for k, v in f.items()}
+
+
+def test_shapes_and_element_positions():
+    flat = tunix_tree()
+    out = tc.tunix_to_crl(flat, 2)
+    assert out["wq"].shape == (2, 8, 16) and out["wk"].shape == (2, 8, 8) and out["wo"].shape == (2, 16, 8)
+    assert out["w_gate"].shape == (2, 8, 12) and out["w_down"].shape == (2, 12, 8)
+    assert out["attn_norm"].shape == (2, 8) and "lm_head" not in out
+    # q head n, dim d -> column n*D + d (head-major); layer 1 is stacked second.
+    assert out["wq"][1, 5, 2 * 4 + 3] == flat["layers/1/attn/q_proj/w"][5, 2, 3]
+    assert out["wk"][0, 7, 1 * 4 + 0] == flat["layers/0/attn/k_proj/w"][7, 1, 0]
+    # o_proj [N, D, H] -> row n*D + d.
+    assert out["wo"][0, 3 * 4 + 1, 6] == flat["layers/0/attn/o_proj/w"][3, 1, 6]
+    assert out["mlp_norm"][1, 4] == flat["layers/1/post_attention_layernorm/w"][4]
+    flat["lm_head/w"] = np.ones((8, 11), np.float32)
+    assert tc.tunix_to_crl(flat, 2)["lm_head"].shape == (8, 11)
+
+
+def _np_tunix_forward(flat, tokens):
+    """numpy Llama3 forward in Tunix's layout (pre-norm, rotate-half RoPE theta 1e6, tied embedding)."""
+    s = SHAPE
+    T = tokens.shape[1]
+    x = flat["embedder/input_embedding"][tokens]
+    pos = np.arange(T)[None, :]
+
+    def norm(x, w):
+        return w * x / np.sqrt(np.mean(x ** 2, -1, keepdims=True) + s["norm_eps"])
+
+    def rope(x):
+        D = x.shape[-1]
+        ts = s["rope_theta"] ** (2 * np.arange(D // 2) / D)
+        ang = (pos[..., None] / ts)[..., None, :]
+        a, b = x[..., :D // 2], x[..., D // 2:]
+        return np.concatenate([a * np.cos(ang) - b * np.sin(ang), b * np.cos(ang) + a * np.sin(ang)], -1)
+
+    for i in range(s["num_layers"]):
+        p = f"layers/{i}/"
+        h = norm(x, flat[p + "input_layernorm/w"])
+        q = rope(np.einsum("btd,dnh->btnh", h, flat[p + "attn/q_proj/w"]))
+        k = rope(np.einsum("btd,dkh->btkh", h, flat[p + "attn/k_proj/w"]))
+        v = np.einsum("btd,dkh->btkh", h, flat[p + "attn/v_proj/w"])
+        G = s["num_heads"] // s["num_kv_heads"]
+        k, v = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)  # q head n uses kv head n // G
+        sc = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(s["head_dim"])
+        sc = np.where(np.tril(np.ones((T, T), bool)), sc, -1e30)
+        pr = np.exp(sc - sc.max(-1, keepdims=True))
+        pr /= pr.sum(-1, keepdims=True)
+        x = x + np.einsum("btnh,nhd->btd", np.einsum("bnts,bsnh->btnh", pr, v), flat[p + "attn/o_proj/w"])
+        h = norm(x, flat[p + "post_attention_layernorm/w"])
+        g, u = h @ flat[p + "mlp/gate_proj/kernel"], h @ flat[p + "mlp/up_proj/kernel"]
+        x = x + (g / (1 + np.exp(-g)) * u) @ flat[p + "mlp/down_proj/kernel"]
+    x = norm(x, flat["final_norm/w"])
+    return x @ flat["embedder/input_embedding"].T
+
+
+def test_converted_weights_reproduce_tunix_forward():
+    flat = tunix_tree(1)
+    cfg = tc.crl_config(SHAPE)
+    gd, params = tr.split(tr.create(cfg, jax.random.key(0)))
+    nnx.replace_by_pure_dict(params, {k: jnp.asarray(v) for k, v in tc.tunix_to_crl(flat, 2).items()})
+    tokens = np.array([[1, 5, 9, 2, 7, 3], [4, 4, 0, 10, 6, 8]], np.int32)
+    ref = _np_tunix_forward({k: v.astype(np.float64) for k, v in flat.items()}, tokens)
+    ours = np.asarray(tr.apply(gd, params, jnp.asarray(tokens)))
+    np.testing.assert_allclose(ours, ref, atol=2e-4, rtol=2e-4)
+    jitted = np.asarray(jax.jit(lambda p, t: tr.apply(gd, p, t))(params, jnp.asarray(tokens)))
+    np.testing.assert_allclose(jitted, ref, atol=2e-4, rtol=2e-4)
