@@ -1,0 +1,142 @@
+"""Sweeps: vmapped (method, seed) members write the same run folders as single runs; summary rows; programs
+split by Runtime; resume. One vmapped and one single-run compile of the micro config in the whole file."""
+
+import csv
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from test_loop import MICRO, micro
+
+from crl_jax import sweep
+from crl_jax.run import run
+from crl_jax.sweep import SweepSpec, _flat_overrides, expand, load_spec, plan, run_sweep
+
+pytestmark = pytest.mark.slow
+
+BASE = {**_flat_overrides(MICRO), "steps": 2}
+SPEC = SweepSpec(overrides=BASE, grid={"method": ["crl", "grpo"]}, seeds=(0, 1))
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("sweep"))
+    logs = []
+    rows = run_sweep(SPEC, out, chunk=2, progress=False, log=logs.append)
+    return out, rows, logs
+
+
+@pytest.fixture(scope="module")
+def singles(tmp_path_factory):
+    """crl_jax.run.run of each (method, seed): the reference run folders."""
+    base = tmp_path_factory.mktemp("single")
+    dirs = {}
+    for m in ("crl", "grpo"):
+        for s in (0, 1):
+            d = str(base / f"{m}{s}")
+            run(micro(f"method={m}", f"seed={s}", "steps=2"), d, progress=False, label=m)
+            dirs[m, s] = d
+    return dirs
+
+
+def _read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def test_members_equal_single_runs(swept, singles):
+    out, _, _ = swept
+    for (m, s), d in singles.items():
+        mine = os.path.join(out, m, f"seed{s}")
+        assert _read(os.path.join(mine, "metrics.csv")) == _read(os.path.join(d, "metrics.csv")), (m, s)
+        assert json.loads(_read(os.path.join(mine, "config.json"))) == json.loads(_read(os.path.join(d, "config.json")))
+        a, b = (json.loads(_read(os.path.join(x, "summary.json"))) for x in (mine, d))
+        for k in ("eval_heldin_without_exp", "success_all_last10", "steps", "seed", "method"):
+            assert a[k] == b[k], k
+        assert os.path.isdir(os.path.join(mine, "checkpoints", "2"))  # crl-jax eval reads the last checkpoint
+    seeds = {s: _read(os.path.join(out, "crl", f"seed{s}", "metrics.csv")) for s in (0, 1)}
+    assert seeds[0] != seeds[1]  # the members really are different seeds
+
+
+def test_one_program_one_trace_and_summary(swept):
+    out, rows, logs = swept
+    info = json.loads(_read(os.path.join(out, "sweep.json")))
+    assert info["programs"] == [["crl/seed0", "crl/seed1", "grpo/seed0", "grpo/seed1"]]
+    assert "sweep: 4 runs in 1 program(s)" in logs[0]
+    rt = plan(expand(SPEC, out))[0].rt
+    assert sweep.TRACES[(id(rt), 2, True)] == 1  # both methods and both seeds through one trace
+    assert [r["point"] for r in rows] == ["crl", "grpo"] and [r["seeds"] for r in rows] == [2, 2]
+    # crl row: mean and 95% half-width (t_{0.975,1} = 12.71) of the two seeds' final held-in eval
+    vals = [json.loads(_read(os.path.join(out, "crl", f"seed{s}", "summary.json")))["eval_heldin_without_exp"]
+            for s in (0, 1)]
+    assert rows[0]["eval_heldin_without_exp"] == pytest.approx(np.mean(vals))
+    assert rows[0]["eval_heldin_without_exp_ci95"] == pytest.approx(12.71 * np.std(vals, ddof=1) / np.sqrt(2))
+    assert np.isnan(rows[1]["eval_heldout_with_exp"])  # GRPO has no bank: no with-experience evaluation
+    with open(os.path.join(out, "summary.csv")) as f:
+        table = list(csv.DictReader(f))
+    assert [r["point"] for r in table] == ["crl", "grpo"] and table[1]["eval_heldout_with_exp"] == ""
+    md = _read(os.path.join(out, "summary.md")).splitlines()
+    assert len(md) == 4 and md[3].startswith("| grpo | 2 |") and "n/a" in md[3] and "±" in md[2]
+    assert os.path.getsize(os.path.join(out, "curves.png")) > 1000
+
+
+def test_resume(swept, singles, tmp_path):
+    out, _, _ = swept
+    n_traces = dict(sweep.TRACES)
+    # finished folders are skipped (nothing compiled, nothing rewritten)
+    before = os.path.getmtime(os.path.join(out, "crl", "seed0", "metrics.csv"))
+    logs = []
+    run_sweep(SPEC, out, chunk=2, progress=False, plot=False, log=logs.append)
+    assert os.path.getmtime(os.path.join(out, "crl", "seed0", "metrics.csv")) == before
+    # a longer run in a copy continues from the step-2 checkpoints == a straight 4-step single run
+    cont = str(tmp_path / "cont")
+    shutil.copytree(out, cont)
+    longer = SweepSpec(overrides={**BASE, "steps": 4}, grid=SPEC.grid, seeds=SPEC.seeds)
+    logs = []
+    run_sweep(longer, cont, chunk=2, progress=False, plot=False, log=logs.append)
+    assert "resumed 4 runs from step 2" in logs
+    ref = str(tmp_path / "ref")
+    run(micro("method=crl", "seed=0", "steps=4"), ref, progress=False, label="crl")
+    assert _read(os.path.join(cont, "crl", "seed0", "metrics.csv")) == _read(os.path.join(ref, "metrics.csv"))
+    assert sweep.TRACES == n_traces  # same chunk length, same Runtime: no new compile
+
+
+def test_runtime_changing_hyperparameter_makes_two_programs(tmp_path):
+    spec = SweepSpec(overrides=BASE, grid={"actor.lr": [3e-4, 1e-3], "method": ["crl", "grpo"],
+                                           "loss.advantage": ["split", "cross_group"]}, seeds=(0, 1))
+    programs = plan(expand(spec, str(tmp_path)))
+    assert len(programs) == 2 and programs[0].rt is not programs[1].rt
+    assert [len(p.members) for p in programs] == [8, 8]  # 2 methods x 2 advantages x 2 seeds, vmapped
+    assert {m.cfg.actor.lr for m in programs[1].members} == {1e-3}
+    names = {m.point for m in programs[0].members}
+    assert "actor.lr=0.0003,crl,loss.advantage=cross_group" in names
+    assert os.path.basename(os.path.dirname(programs[0].members[0].run_dir)) == "actor.lr=0.0003__crl__loss.advantage=split"
+
+
+def test_load_spec_and_cli_dry_run(tmp_path, capsys):
+    base = tmp_path / "base.yaml"
+    base.write_text("steps: 7\n")
+    f = tmp_path / "sweep.yaml"
+    f.write_text("config: base.yaml\noverrides: [" + ", ".join(f'"{o}"' for o in MICRO) + "]\nseeds: [3, 5]\n"
+                 "grid:\n  method: [crl, grpo]\n  env.params.dark: [true, false]\n")
+    spec = load_spec(str(f))
+    assert spec.seeds == (3, 5) and spec.config == str(base)
+    ms = expand(spec, str(tmp_path / "o"))
+    assert len(ms) == 8 and {m.cfg.steps for m in ms} == {7} and {m.seed for m in ms} == {3, 5}
+    assert {m.cfg.env.params["dark"] for m in ms} == {True, False}
+    assert load_spec(str(f), seeds=2, steps=3).seeds == (0, 1)
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "experiments", "sweep.py")
+    mod = importlib.util.spec_from_file_location("sweep_cli", path)
+    cli = importlib.util.module_from_spec(mod)
+    mod.loader.exec_module(cli)
+    assert cli.main(["--config", str(f), "--out", str(tmp_path / "o"), "--steps", "3", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("program 1: 4 runs x 3 steps: crl,env.params.dark=True/seed3")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grid: {method: crl}\n")
+    with pytest.raises(Exception, match="grid.method"):
+        load_spec(str(bad))
