@@ -18,7 +18,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from crl_jax import loop
+from crl_jax import distributed, loop, sharding
 from crl_jax.checkpoint import Checkpointer
 from crl_jax.config import Config, ConfigError, to_dict
 from crl_jax.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
@@ -52,8 +52,12 @@ def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = T
     _check_saved_config(out_dir, cfg)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump({**to_dict(cfg), "label": label or cfg.method}, f, indent=2)
+    distributed.initialize(cfg.distributed)  # no-op for one process
     rt = build(cfg)
     template = loop.init_state(rt, jax.random.key(cfg.seed), cfg)
+    placement = None if sharding.is_trivial(cfg.mesh) else sharding.for_runtime(rt, template)
+    if placement is not None:  # each device creates its own shards (also across processes)
+        template = sharding.init_sharded(rt, jax.random.key(cfg.seed), cfg, placement)
     ck = Checkpointer(out_dir, keep=cfg.keep_checkpoints)
     writer = MetricsWriter(out_dir)
     state, done = template, 0
@@ -73,7 +77,8 @@ def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = T
     t0 = time.time()
     while done < cfg.steps:
         n = min(cfg.checkpoint_every - done % cfg.checkpoint_every, cfg.steps - done)
-        state, metrics = loop.compiled_chunk(rt, n)(state, jnp.int32(cfg.steps))
+        chunk = loop.compiled_chunk(rt, n) if placement is None else sharding.sharded_chunk(rt, n, placement)
+        state, metrics = chunk(state, jnp.int32(cfg.steps))
         rows = rows_from_chunk(jax.device_get(metrics), done)
         writer.write(rows)
         done += n
