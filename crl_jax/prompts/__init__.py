@@ -41,7 +41,7 @@ def load(name: str, custom: str = "") -> str:
         raise FileNotFoundError(f"prompt template {path!r} not found (expected one of {list(NAMES)})")
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    return text[:-1] if text.endswith("\n") else text
+    return text.removesuffix("\n")
 
 
 def placeholders(text: str) -> set[str]:

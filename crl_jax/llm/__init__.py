@@ -1,0 +1,13 @@
+"""The LLM path: pretrained instruct models as actor and extractor, chat prompts, free-text actions,
+JSON operations (METHOD.md §2 with real language models).
+
+Entry points used by `crl_jax.run`:
+- `build(cfg) -> LLMRuntime` (cached; hashed by identity),
+- `init_state(rt, key, cfg) -> crl_jax.loop.LoopState`,
+- `compiled_chunk(rt, n)` -> jitted `(state, last_step) -> (state, metrics [n])`,
+- `is_llm_config(cfg)`; and `dry_run(cfg)` (parameter / optimizer shapes without weights).
+"""
+
+from crl_jax.llm.dry_run import dry_run  # noqa: F401
+from crl_jax.llm.loop import compiled_chunk, init_state, iteration  # noqa: F401
+from crl_jax.llm.runtime import LLMRuntime, build, is_llm_config  # noqa: F401

