@@ -301,53 +301,6 @@ def run_steps(rt: Runtime, state: LoopState, num_steps: int, last_step):
     return jax.lax.scan(lambda s, _: step_with_eval(rt, s, last_step), state, None, length=num_steps)
 
 
-def run_steps_vmapped(rt: Runtime, states: LoopState, num_steps: int, last_step, shared_flags=None):
-    """Several runs at once: `states` has a leading [S] axis on every leaf, all runs at the same step.
-
-    Same results as `jax.vmap(lambda s: run_steps(rt, s, n, last))(states)`, but the step counter (and, with
-    `shared_flags`, the method flags) stays unbatched inside the vmap, so the `lax.cond`s that depend on
-    them (evaluation due, distillation, merge, extractor update) remain real branches instead of
-    becoming `select`s that compute both sides for every run (a plain vmap evaluates every step).
-    `shared_flags`: one `MethodFlags` for all runs (e.g. a seed sweep of one method), or None when the
-    runs differ in method (then those conds become selects: every run pays for the bank's work).
-    """
-
-    def body(st, _):
-        step = st.step[0]  # every run is at the same step
-
-        def one(s):
-            s = s.replace(step=step, flags=shared_flags if shared_flags is not None else s.flags)
-            return step_with_eval(rt, s, last_step)
-
-        new, m = jax.vmap(one)(st)
-        if shared_flags is not None:  # keep the state's per-run flags leaves batched (checkpoint shape)
-            new = new.replace(flags=st.flags)
-        return new, m
-
-    return jax.lax.scan(body, states, None, length=num_steps)
-
-
-@functools.lru_cache(maxsize=16)
-def compiled_chunk_vmapped(rt: Runtime, num_steps: int, shared_method: bool):
-    """Jitted `(states [S], last_step) -> run_steps_vmapped(...)`; with `shared_method` the flags of run 0
-    are used for all runs (the caller guarantees they are equal)."""
-
-    def fn(states, last):
-        flags = jax.tree_util.tree_map(lambda x: x[0], states.flags) if shared_method else None
-        return run_steps_vmapped(rt, states, num_steps, last, flags)
-
-    return jax.jit(fn)
-
-
-def stack_states(states: list[LoopState]) -> LoopState:
-    """[S] runs -> one LoopState with a leading [S] axis (typed keys stack too)."""
-    return jax.tree_util.tree_map(lambda *x: jnp.stack(x), *states)
-
-
-def unstack_state(states: LoopState, i: int) -> LoopState:
-    return jax.tree_util.tree_map(lambda x: x[i], states)
-
-
 def train(cfg, key):
     """Pure run: init + scan over all `cfg.steps` -> (final LoopState, metrics [steps]).
 

@@ -50,16 +50,18 @@ def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = T
     """Train (or resume) into `out_dir`; returns the summary dict (also written to summary.json)."""
     os.makedirs(out_dir, exist_ok=True)
     _check_saved_config(out_dir, cfg)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump({**to_dict(cfg), "label": label or cfg.method}, f, indent=2)
     distributed.initialize(cfg.distributed)  # no-op for one process
+    main = distributed.is_main()  # multi-process: process 0 writes the files, every process checkpoints
+    if main:
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump({**to_dict(cfg), "label": label or cfg.method}, f, indent=2)
     rt = build(cfg)
     template = loop.init_state(rt, jax.random.key(cfg.seed), cfg)
-    placement = None if sharding.is_trivial(cfg.mesh) else sharding.for_runtime(rt, template)
+    placement = None if sharding.is_trivial(cfg.mesh) else sharding.for_runtime(rt, template, cfg.mesh)
     if placement is not None:  # each device creates its own shards (also across processes)
         template = sharding.init_sharded(rt, jax.random.key(cfg.seed), cfg, placement)
     ck = Checkpointer(out_dir, keep=cfg.keep_checkpoints)
-    writer = MetricsWriter(out_dir)
+    writer = MetricsWriter(out_dir) if main else _NoWriter()
     state, done = template, 0
     if ck.latest_step() is not None and resume != "never":
         if resume == "latest_valid":
@@ -69,7 +71,7 @@ def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = T
         log(f"resumed {out_dir} from step {done}")
     writer.truncate_after(done)
     bar = None
-    if progress and done < cfg.steps:
+    if progress and main and done < cfg.steps:
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, initial=done, desc=f"{label or cfg.method} seed {cfg.seed}", unit="step",
@@ -97,5 +99,19 @@ def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = T
         else []
     summary = summary_from_rows(rows)
     summary.update(method=cfg.method, seed=cfg.seed, steps=done, wall_seconds=round(time.time() - t0, 2))
-    write_summary(out_dir, summary)
+    if main:
+        write_summary(out_dir, summary)
     return summary
+
+
+class _NoWriter:
+    """Metrics sink of the non-main processes of a multi-process run."""
+
+    def truncate_after(self, step):
+        pass
+
+    def write(self, rows):
+        pass
+
+    def close(self):
+        pass

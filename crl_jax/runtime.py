@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from crl_jax import envs
-from crl_jax.config import Config, ConfigError, DistributedConfig, to_dict
+from crl_jax.config import Config, ConfigError, DistributedConfig, MeshConfig, to_dict
 from crl_jax.envs.actions import action_allowed_mask, action_token_ids, tiny_tokenizer
 from crl_jax.envs.render import make_token_renderer
 from crl_jax import train_state as ts
@@ -121,7 +121,7 @@ def build(cfg: Config) -> Runtime:
                               loss=dataclasses.replace(cfg.loss, group_split=True, advantage="split"),
                               extraction=dataclasses.replace(cfg.extraction, merge=True),
                               bank=dataclasses.replace(cfg.bank, offline_path=""),
-                              distributed=DistributedConfig())
+                              distributed=DistributedConfig(), mesh=MeshConfig())  # placement: sharding.py
     k = json.dumps(to_dict(cfg), sort_keys=True)
     if k not in _CACHE:
         _CACHE[k] = _build(cfg)

@@ -222,9 +222,10 @@ def state_shardings(state, mesh_cfg, devices=None, *, actor_cfg=None, extractor_
     return Placement(full, resident, compute, key)
 
 
-def for_runtime(rt, state, devices=None) -> Placement:
-    """`state_shardings` with the Runtime's mesh config and model configs."""
-    return state_shardings(state, rt.cfg.mesh, devices, actor_cfg=rt.actor_config, extractor_cfg=rt.extractor_config)
+def for_runtime(rt, state, mesh_cfg, devices=None) -> Placement:
+    """`state_shardings` with the run's mesh config (`cfg.mesh`; the Runtime itself is mesh-agnostic, so one
+    compiled-program cache serves every placement) and the Runtime's model configs."""
+    return state_shardings(state, mesh_cfg, devices, actor_cfg=rt.actor_config, extractor_cfg=rt.extractor_config)
 
 
 def shard_state(state, shardings):
