@@ -97,7 +97,8 @@ def test_resume(swept, singles, tmp_path):
     logs = []
     run_sweep(longer, cont, chunk=2, progress=False, plot=False, log=logs.append)
     assert "resumed 4 runs from step 2" in logs
-    ref = str(tmp_path / "ref")
+    ref = str(tmp_path / "ref")  # the single run resumed to 4 steps (== uninterrupted, tests/test_loop.py)
+    shutil.copytree(singles["crl", 0], ref)
     run(micro("method=crl", "seed=0", "steps=4"), ref, progress=False, label="crl")
     assert _read(os.path.join(cont, "crl", "seed0", "metrics.csv")) == _read(os.path.join(ref, "metrics.csv"))
     assert sweep.TRACES == n_traces  # same chunk length, same Runtime: no new compile
