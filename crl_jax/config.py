@@ -283,6 +283,19 @@ def _deep_merge(a: dict, b: dict) -> dict:
     return out
 
 
+def _with_default_params(data: dict, ov: dict) -> dict:
+    """Dotted `env.params.X=...` overrides edit the effective params: when the file gives none and the env
+    is the default one, that is the default params dict (a file's own `params:` mapping replaces it)."""
+    ov_env = ov.get("env") if isinstance(ov.get("env"), dict) else {}
+    env = data.get("env") if isinstance(data.get("env"), dict) else {}
+    if "params" not in ov_env or "params" in env:
+        return data
+    default = EnvConfig()
+    if ov_env.get("name", env.get("name", default.name)) != default.name:
+        return data
+    return {**data, "env": {**env, "params": dict(default.params)}}
+
+
 def load(path: str | None = None, overrides: list[str] | dict | None = None) -> Config:
     """Config from an optional YAML file plus overrides; validated."""
     data: dict = {}
@@ -298,6 +311,7 @@ def load(path: str | None = None, overrides: list[str] | dict | None = None) -> 
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
     if overrides:
         ov = parse_overrides(overrides) if isinstance(overrides, list) else overrides
+        data = _with_default_params(data, ov)
         data = _deep_merge(data, ov)
     return from_dict(data)
 

@@ -71,8 +71,9 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
             if not keep.any():
                 continue
             steps, vals = steps[keep], vals[:, keep]
-            if smooth > 1 and col.startswith("success"):
-                k = np.ones(smooth) / smooth
+            w = min(smooth, vals.shape[-1])  # a run shorter than the window: no wider kernel than the data
+            if w > 1 and col.startswith("success"):
+                k = np.ones(w) / w
                 vals = np.stack([np.convolve(np.nan_to_num(v), k, mode="same") for v in vals])
             stats = np.array([t_interval(vals[:, i]) for i in range(vals.shape[1])])
             ax.plot(steps, stats[:, 0], label=f"{label} (n={len(runs)})", marker="o" if len(steps) < 12 else None)

@@ -64,3 +64,8 @@ def test_method_switches():
     assert not Config(method="exp_only").trains_actor and Config(method="exp_only").trains_extractor
     off = load(None, ["method=offline", "bank.offline_path=x.jsonl"])
     assert off.uses_bank and not off.edits_bank
+
+
+def test_dotted_env_params_override_merges_into_default_params():
+    assert load(None, ["env.params.crop=1"]).env.params == {"dark": True, "crop": 1, "legend": False}
+    assert load(None, ["env.name=maze", "env.params.size=7"]).env.params == {"size": 7}  # another env: its own
