@@ -66,7 +66,7 @@ def host_envs(cfg) -> tuple[HostEnv, HostEnv]:
         probe = make_adapter(e.name, pool="train", num_tasks=e.num_train_tasks, pool_seed=e.pool_seed, **params)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"env: cannot make host adapter {e.name!r} with params {e.params}: {err}") from None
-    facts = dict(action_names=tuple(probe.action_names), task_text=probe.task_text, max_steps=int(probe.max_steps))
+    facts = {"action_names": tuple(probe.action_names), "task_text": probe.task_text, "max_steps": int(probe.max_steps)}
     close = getattr(probe, "close", None)
     if close is not None:
         close()
