@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 
-from crl_jax.config import load
 from crl_jax.plot import plot_runs, t_interval
-from crl_jax.run import run
+from crl_jax.sweep import SweepSpec, _flat_overrides, expand, run_sweep
 
 ROWS = (("eval_heldin_with_exp", "held-in, with exp"), ("eval_heldin_without_exp", "held-in, without exp"),
         ("eval_heldout_with_exp", "held-out, with exp"), ("eval_heldout_without_exp", "held-out, without exp"),
@@ -31,17 +31,20 @@ def comparison_table(results: dict[str, list[dict]]) -> str:
 
 def demo(*, seeds: int = 3, out: str = "runs/demo", steps: int | None = None, config: str | None = None,
          overrides: list[str] = (), methods=("crl", "grpo")) -> dict:
+    """Every method over `seeds` seeds as one vmapped program per method (`crl_jax.sweep`, the seeds of a
+    method run together; both methods share one compilation), run folders `out/<method>/seed<s>/`
+    (resumable), then the comparison table and plot."""
+    ov = _flat_overrides(list(overrides) + ([f"steps={steps}"] if steps else []))
+    spec = SweepSpec(config=config, overrides=ov, grid={"method": list(methods)}, seeds=tuple(range(seeds)),
+                     split_methods=True)
+    members = expand(spec, out)
+    run_sweep(spec, out, chunk=members[0].cfg.checkpoint_every, plot=False, log=lambda *_: None)
     results: dict[str, list[dict]] = {m: [] for m in methods}
-    dirs = []
-    for m in methods:
-        for s in range(seeds):
-            ov = list(overrides) + [f"method={m}", f"seed={s}"] + ([f"steps={steps}"] if steps else [])
-            cfg = load(config, ov)
-            d = os.path.join(out, f"{m}_seed{s}")
-            results[m].append(run(cfg, d, label=m))
-            dirs.append(d)
+    for m in members:
+        with open(os.path.join(m.run_dir, "summary.json")) as f:
+            results[m.point].append(json.load(f))
     table = comparison_table(results)
-    png = plot_runs(dirs, os.path.join(out, "comparison.png"))
+    png = plot_runs([m.run_dir for m in members], os.path.join(out, "comparison.png"))
     with open(os.path.join(out, "comparison.txt"), "w") as f:
         f.write(table + "\n")
     print("\n" + table + f"\n\nplot: {png}\ntable: {os.path.join(out, 'comparison.txt')}")

@@ -8,6 +8,9 @@ A sweep file (YAML) names a base config, common overrides, a grid and seeds::
     grid:                         # cartesian product of dotted keys -> grid points
       method: [crl, grpo]
       actor.lr: [3.0e-4, 1.0e-3]
+    points:                       # optional named variants, each crossed with the grid
+      no_split: {loss.group_split: false}
+    split_methods: false          # true: one program per method (flags unbatched, conds stay branches)
 
 Grid points whose configs build the same `Runtime` (they differ only in seed, method or the traced
 ablations `loss.group_split`, `loss.advantage`, `extraction.merge`) form one *program*: their initial
@@ -53,6 +56,10 @@ class SweepSpec:
     overrides: dict = field(default_factory=dict)  # flat {dotted key: value} applied to every run
     grid: dict = field(default_factory=dict)  # {dotted key: [values]}, in file order
     seeds: tuple = (0,)
+    points: dict = field(default_factory=dict)  # optional named variants {name: {dotted key: value}}, each
+    #                                          crossed with the grid (e.g. the ablations of METHOD.md §4)
+    split_methods: bool = False  # one program per method: its flags stay unbatched, so the conds skipping
+    #                              the bank's work stay branches (grpo members do not pay for distillation)
 
 
 @dataclass
@@ -91,9 +98,13 @@ def load_spec(path: str, *, seeds: int | None = None, steps: int | None = None) 
             d = yaml.safe_load(f) or {}
     except FileNotFoundError:
         raise ConfigError(f"sweep file not found: {path}") from None
-    unknown = set(d) - {"config", "overrides", "grid", "seeds"}
+    known = {"config", "overrides", "grid", "points", "seeds", "split_methods"}
+    unknown = set(d) - known
     if unknown:
-        raise ConfigError(f"sweep file {path}: unknown keys {sorted(unknown)} (known: config, overrides, grid, seeds)")
+        raise ConfigError(f"sweep file {path}: unknown keys {sorted(unknown)} (known: {', '.join(sorted(known))})")
+    split = d.get("split_methods", False)
+    if not isinstance(split, bool):
+        raise ConfigError(f"sweep file {path}: split_methods must be true or false, got {split!r}")
     base = d.get("config")
     if base and not os.path.isabs(base):
         base = os.path.join(os.path.dirname(os.path.abspath(path)), base)
@@ -105,7 +116,11 @@ def load_spec(path: str, *, seeds: int | None = None, steps: int | None = None) 
     ov = _flat_overrides(d.get("overrides"))
     if steps is not None:
         ov["steps"] = steps
-    return SweepSpec(config=base, overrides=ov, grid=dict(grid), seeds=tuple(range(s)) if isinstance(s, int) else tuple(s))
+    points = d.get("points") or {}
+    if not isinstance(points, dict) or not all(isinstance(v, (dict, list, type(None))) for v in points.values()):
+        raise ConfigError(f"sweep file {path}: points must map names to override mappings")
+    return SweepSpec(config=base, overrides=ov, grid=dict(grid), seeds=tuple(range(s)) if isinstance(s, int) else tuple(s),
+                     points={k: _flat_overrides(v) for k, v in points.items()}, split_methods=split)
 
 
 def _nest(flat: dict) -> dict:
@@ -135,11 +150,12 @@ def expand(spec: SweepSpec, out: str) -> list[Member]:
     """Every (grid point, seed) as a Member with its validated config and run folder."""
     keys = list(spec.grid)
     members = []
-    for combo in itertools.product(*(spec.grid[k] for k in keys)):
+    variants = list(spec.points.items()) or [("", {})]
+    for (vname, vov), combo in itertools.product(variants, itertools.product(*(spec.grid[k] for k in keys))):
         values = dict(zip(keys, combo))
-        name = point_name(values)
+        name = ",".join(x for x in (vname, point_name(values) if values else "") if x) or "base"
         for s in spec.seeds:
-            cfg = load(spec.config, _nest({**spec.overrides, **values, "seed": int(s)}))
+            cfg = load(spec.config, _nest({**spec.overrides, **_flat_overrides(vov), **values, "seed": int(s)}))
             members.append(Member(name, int(s), cfg, os.path.join(out, _folder(name), f"seed{s}")))
     names = [m.point for m in members]
     if len({_folder(n) for n in names}) != len(set(names)):
@@ -147,13 +163,15 @@ def expand(spec: SweepSpec, out: str) -> list[Member]:
     return members
 
 
-def plan(members: list[Member]) -> list[Program]:
+def plan(members: list[Member], split_methods: bool = False) -> list[Program]:
     """Group members by compiled program: same Runtime (`build` is cached by every program-shaping
-    field) and same run length; programs in first-appearance order."""
+    field) and same run length (and, with `split_methods`, same method); programs in first-appearance
+    order. Programs of one Runtime, length and member count share one compilation."""
     programs: dict = {}
     for m in members:
         rt = build(m.cfg)
-        programs.setdefault((id(rt), m.cfg.steps), Program(rt, m.cfg.steps)).members.append(m)
+        k = (id(rt), m.cfg.steps, m.cfg.method if split_methods else None)
+        programs.setdefault(k, Program(rt, m.cfg.steps)).members.append(m)
     return list(programs.values())
 
 
@@ -337,7 +355,7 @@ def run_sweep(spec: SweepSpec, out: str, *, chunk: int | None = None, progress: 
     """Run (or resume) a sweep into `out`; returns the per-point summary rows (also written to
     `out/summary.md` and `out/summary.csv`)."""
     members = expand(spec, out)
-    programs = plan(members)
+    programs = plan(members, spec.split_methods)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "sweep.json"), "w") as f:
         json.dump({"config": spec.config, "overrides": spec.overrides, "grid": spec.grid, "seeds": list(spec.seeds),
