@@ -45,6 +45,26 @@ def _check_saved_config(out_dir: str, cfg: Config) -> None:
                           f"{diff}); use another --out or the same config")
 
 
+def engine(cfg: Config):
+    """(runtime, init_state, chunk) of the path a config runs on: the compiled built-in-env loop, the host
+    driver of an environment adapter (`host_loop`: env steps on the host between jitted pieces), or the
+    LLM path (`crl_jax.llm`: pretrained models, chat prompts). Every chunk has the contract of
+    `loop.compiled_chunk(rt, n)`: `(state, last_step) -> (state, metrics [n])` over the same `LoopState`;
+    the pure `run_steps` (None for the host driver) is what a sharded run jits with in/out shardings."""
+    from crl_jax import llm
+
+    if llm.is_llm_config(cfg):
+        from crl_jax.llm.loop import run_steps as llm_run_steps
+
+        return llm.build(cfg), llm.init_state, llm.compiled_chunk, llm_run_steps
+    rt = build(cfg)
+    from crl_jax import host_loop
+
+    if host_loop.is_host(rt):
+        return rt, loop.init_state, host_loop.chunk, None
+    return rt, loop.init_state, loop.compiled_chunk, loop.run_steps
+
+
 def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = True, label: str | None = None,
         log=print) -> dict:
     """Train (or resume) into `out_dir`; returns the summary dict (also written to summary.json)."""
@@ -55,11 +75,15 @@ def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = T
     if main:
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump({**to_dict(cfg), "label": label or cfg.method}, f, indent=2)
-    rt = build(cfg)
-    template = loop.init_state(rt, jax.random.key(cfg.seed), cfg)
+    rt, init, chunk_fn, run_steps = engine(cfg)
+    template = init(rt, jax.random.key(cfg.seed), cfg)
+    if run_steps is None and not sharding.is_trivial(cfg.mesh):
+        raise ConfigError("mesh: host-side environments run on one device (set mesh.* to 1)")
     placement = None if sharding.is_trivial(cfg.mesh) else sharding.for_runtime(rt, template, cfg.mesh)
-    if placement is not None:  # each device creates its own shards (also across processes)
+    if placement is not None and init is loop.init_state:  # each device creates its own shards (multi-host too)
         template = sharding.init_sharded(rt, jax.random.key(cfg.seed), cfg, placement)
+    elif placement is not None:  # pretrained weights are read on the host, then placed (single process)
+        template = sharding.shard_state(template, placement)
     ck = Checkpointer(out_dir, keep=cfg.keep_checkpoints)
     writer = MetricsWriter(out_dir) if main else _NoWriter()
     state, done = template, 0
@@ -79,7 +103,7 @@ def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = T
     t0 = time.time()
     while done < cfg.steps:
         n = min(cfg.checkpoint_every - done % cfg.checkpoint_every, cfg.steps - done)
-        chunk = loop.compiled_chunk(rt, n) if placement is None else sharding.sharded_chunk(rt, n, placement)
+        chunk = chunk_fn(rt, n) if placement is None else sharding.sharded_chunk(rt, n, placement, run_steps)
         state, metrics = chunk(state, jnp.int32(cfg.steps))
         rows = rows_from_chunk(jax.device_get(metrics), done)
         writer.write(rows)

@@ -257,23 +257,24 @@ def is_trivial(mesh_cfg, num_devices: int | None = None) -> bool:
 _CHUNKS: dict = {}  # (Runtime, num_steps, placement key) -> jitted chunk; a sub-mesh run shares the full one's
 
 
-def _jitted(rt, num_steps: int, placement: Placement):
+def _jitted(rt, num_steps: int, placement: Placement, run_steps=None):
     from crl_jax import loop
 
-    k = (rt, num_steps, placement.key)
+    run_steps = run_steps or loop.run_steps
+    k = (rt, num_steps, placement.key, run_steps)
     if k not in _CHUNKS:
         rep = NamedSharding(placement.mesh, P())
-        _CHUNKS[k] = jax.jit(lambda s, last: loop.run_steps(rt, s, num_steps, last),
+        _CHUNKS[k] = jax.jit(lambda s, last: run_steps(rt, s, num_steps, last),
                              in_shardings=(placement.compute, rep), out_shardings=(placement.compute, rep))
     return _CHUNKS[k]
 
 
-def sharded_chunk(rt, num_steps: int, placement: Placement):
+def sharded_chunk(rt, num_steps: int, placement: Placement, run_steps=None):
     """`(state, last_step) -> (state, metrics)` like `loop.compiled_chunk`, as one jitted program with
     in/out shardings on `placement.mesh`. The state comes and goes in `placement.state` (with disjoint
     sub-meshes the extractor is transferred onto the compute mesh and back around the program). With
     several processes the metrics come back as host numpy arrays (every process holds them all)."""
-    fn = _jitted(rt, num_steps, placement)
+    fn = _jitted(rt, num_steps, placement, run_steps)  # run_steps: loop.run_steps, or the LLM path's
     if not placement.disjoint and jax.process_count() == 1:
         return fn
 
