@@ -40,12 +40,12 @@ def cmd_train(args):
 
 
 def _restore_run(run_dir):
+    """(config, runtime, restored state, step) of a run folder, on the path its config runs on."""
     import jax
 
-    from crl_jax import loop
     from crl_jax.checkpoint import Checkpointer
     from crl_jax.config import from_dict
-    from crl_jax.runtime import build
+    from crl_jax.run import engine
 
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
@@ -54,19 +54,34 @@ def _restore_run(run_dir):
         d = json.load(f)
     d.pop("label", None)
     cfg = from_dict(d)
-    rt = build(cfg)
+    rt, init, _, _ = engine(cfg)
     ck = Checkpointer(run_dir)
-    state, step = ck.restore(loop.init_state(rt, jax.random.key(cfg.seed), cfg))
-    return rt, state, step
+    state, step = ck.restore(init(rt, jax.random.key(cfg.seed), cfg))
+    return cfg, rt, state, step
+
+
+def _evaluator(cfg, rt):
+    """The greedy held-in / held-out evaluation of the run's path."""
+    import jax
+
+    from crl_jax import host_loop, llm
+
+    if llm.is_llm_config(cfg):
+        from crl_jax.llm.evaluate import evaluate_all
+
+        return jax.jit(lambda s: evaluate_all(rt, s))
+    if host_loop.is_host(rt):
+        from crl_jax.host_eval import evaluate_all
+
+        return lambda s: evaluate_all(rt, s)
+    from crl_jax.evaluate import evaluate_all
+
+    return jax.jit(lambda s: evaluate_all(rt, s))
 
 
 def cmd_eval(args):
-    import jax
-
-    from crl_jax.evaluate import evaluate_all
-
-    rt, state, step = _restore_run(args.run_dir)
-    res = {k: float(v) for k, v in jax.jit(lambda s: evaluate_all(rt, s))(state).items()}
+    cfg, rt, state, step = _restore_run(args.run_dir)
+    res = {k: float(v) for k, v in _evaluator(cfg, rt)(state).items()}
     print(json.dumps({"step": step, **res}, indent=2, sort_keys=True))
 
 
@@ -81,7 +96,7 @@ def cmd_bank(args):
     from crl_jax.bank_io import export_jsonl, format_entries
     from crl_jax.config import ConfigError
 
-    rt, state, _ = _restore_run(args.run_dir)
+    _, rt, state, _ = _restore_run(args.run_dir)
     if args.action == "show":
         print(format_entries(state.bank, rt.tokenizer, task=args.task, top=args.top))
     else:

@@ -306,9 +306,13 @@ def train(cfg, key):
 
     jit- and vmap-able in `key`: `jax.jit(jax.vmap(lambda k: train(cfg, k)))(keys)` is a seed sweep.
     """
+    from crl_jax.config import ConfigError
     from crl_jax.runtime import build
 
     rt = build(cfg)
+    if getattr(rt.env, "is_host", False):
+        raise ConfigError(f"env.name={cfg.env.name!r} is a host-side environment: it cannot run inside one "
+                          "compiled program; use crl_jax.run.run (crl-jax train), which steps it on the host")
     return run_steps(rt, init_state(rt, key, cfg), cfg.steps, cfg.steps)
 
 

@@ -134,6 +134,10 @@ def _build(cfg: Config) -> Runtime:
     from crl_jax.envs.adapters import names as adapter_names
 
     is_host = cfg.env.name in adapter_names()
+    if cfg.rollout.history != "current" or cfg.rollout.action_format != "constrained":
+        raise ConfigError("rollout: the tiny loop (built-in and host-side environments) uses rollout.history=current "
+                          "and rollout.action_format=constrained; full history and free-text answers are the LLM "
+                          "path's (a pretrained actor.preset, see experiments/configs/smollm2_room.yaml)")
     if is_host:
         from crl_jax.host_env import host_envs
 
