@@ -36,7 +36,7 @@ def demo(*, seeds: int = 3, out: str = "runs/demo", steps: int | None = None, co
     (resumable), then the comparison table and plot."""
     ov = _flat_overrides(list(overrides) + ([f"steps={steps}"] if steps else []))
     spec = SweepSpec(config=config, overrides=ov, grid={"method": list(methods)}, seeds=tuple(range(seeds)),
-                     split_methods=True)
+                     per_point=True)
     members = expand(spec, out)
     run_sweep(spec, out, chunk=members[0].cfg.checkpoint_every, plot=False, log=lambda *_: None)
     results: dict[str, list[dict]] = {m: [] for m in methods}

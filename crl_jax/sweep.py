@@ -10,7 +10,8 @@ A sweep file (YAML) names a base config, common overrides, a grid and seeds::
       actor.lr: [3.0e-4, 1.0e-3]
     points:                       # optional named variants, each crossed with the grid
       no_split: {loss.group_split: false}
-    split_methods: false          # true: one program per method (flags unbatched, conds stay branches)
+    per_point: false              # true: one program per grid point, its seeds vmapped (flags unbatched,
+    #                               conds stay branches; less memory than one program for all points)
 
 Grid points whose configs build the same `Runtime` (they differ only in seed, method or the traced
 ablations `loss.group_split`, `loss.advantage`, `extraction.merge`) form one *program*: their initial
@@ -58,8 +59,9 @@ class SweepSpec:
     seeds: tuple = (0,)
     points: dict = field(default_factory=dict)  # optional named variants {name: {dotted key: value}}, each
     #                                          crossed with the grid (e.g. the ablations of METHOD.md §4)
-    split_methods: bool = False  # one program per method: its flags stay unbatched, so the conds skipping
-    #                              the bank's work stay branches (grpo members do not pay for distillation)
+    per_point: bool = False  # one program per grid point (its seeds vmapped): the method flags stay unbatched,
+    #                          so the conds skipping the bank's work stay branches (grpo members do not pay
+    #                          for distillation), and memory holds one point's seeds at a time
 
 
 @dataclass
@@ -98,13 +100,13 @@ def load_spec(path: str, *, seeds: int | None = None, steps: int | None = None) 
             d = yaml.safe_load(f) or {}
     except FileNotFoundError:
         raise ConfigError(f"sweep file not found: {path}") from None
-    known = {"config", "overrides", "grid", "points", "seeds", "split_methods"}
+    known = {"config", "overrides", "grid", "points", "seeds", "per_point"}
     unknown = set(d) - known
     if unknown:
         raise ConfigError(f"sweep file {path}: unknown keys {sorted(unknown)} (known: {', '.join(sorted(known))})")
-    split = d.get("split_methods", False)
+    split = d.get("per_point", False)
     if not isinstance(split, bool):
-        raise ConfigError(f"sweep file {path}: split_methods must be true or false, got {split!r}")
+        raise ConfigError(f"sweep file {path}: per_point must be true or false, got {split!r}")
     base = d.get("config")
     if base and not os.path.isabs(base):
         base = os.path.join(os.path.dirname(os.path.abspath(path)), base)
@@ -120,7 +122,7 @@ def load_spec(path: str, *, seeds: int | None = None, steps: int | None = None) 
     if not isinstance(points, dict) or not all(isinstance(v, (dict, list, type(None))) for v in points.values()):
         raise ConfigError(f"sweep file {path}: points must map names to override mappings")
     return SweepSpec(config=base, overrides=ov, grid=dict(grid), seeds=tuple(range(s)) if isinstance(s, int) else tuple(s),
-                     points={k: _flat_overrides(v) for k, v in points.items()}, split_methods=split)
+                     points={k: _flat_overrides(v) for k, v in points.items()}, per_point=split)
 
 
 def _nest(flat: dict) -> dict:
@@ -163,14 +165,14 @@ def expand(spec: SweepSpec, out: str) -> list[Member]:
     return members
 
 
-def plan(members: list[Member], split_methods: bool = False) -> list[Program]:
+def plan(members: list[Member], per_point: bool = False) -> list[Program]:
     """Group members by compiled program: same Runtime (`build` is cached by every program-shaping
-    field) and same run length (and, with `split_methods`, same method); programs in first-appearance
+    field) and same run length (and, with `per_point`, same grid point); programs in first-appearance
     order. Programs of one Runtime, length and member count share one compilation."""
     programs: dict = {}
     for m in members:
         rt = build(m.cfg)
-        k = (id(rt), m.cfg.steps, m.cfg.method if split_methods else None)
+        k = (id(rt), m.cfg.steps, m.point if per_point else None)
         programs.setdefault(k, Program(rt, m.cfg.steps)).members.append(m)
     return list(programs.values())
 
@@ -355,7 +357,7 @@ def run_sweep(spec: SweepSpec, out: str, *, chunk: int | None = None, progress: 
     """Run (or resume) a sweep into `out`; returns the per-point summary rows (also written to
     `out/summary.md` and `out/summary.csv`)."""
     members = expand(spec, out)
-    programs = plan(members, spec.split_methods)
+    programs = plan(members, spec.per_point)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "sweep.json"), "w") as f:
         json.dump({"config": spec.config, "overrides": spec.overrides, "grid": spec.grid, "seeds": list(spec.seeds),
