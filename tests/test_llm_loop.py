@@ -132,6 +132,7 @@ def test_json_fuzz_through_the_loops_callback(rt):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 2 compiled steps of random models; CI runs the same compiled chunk in test_llm_smoke.py
 def test_compiled_chunk_has_the_loop_metrics(rt):
     r, cfg = rt
     st = L.init_state(r, jax.random.key(0), cfg)

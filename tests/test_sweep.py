@@ -82,6 +82,7 @@ def test_one_program_one_trace_and_summary(swept):
     assert os.path.getsize(os.path.join(out, "curves.png")) > 1000
 
 
+@pytest.mark.heavy  # 4 more vmapped steps + a 4-step single run; resume itself is tested in test_loop.py
 def test_resume(swept, singles, tmp_path):
     out, _, _ = swept
     n_traces = dict(sweep.TRACES)
