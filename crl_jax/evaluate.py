@@ -17,14 +17,15 @@ from crl_jax.rollout import episode_reset_keys, play
 EVAL_KEY = 1234  # evaluation episodes use a fixed key: the same levels and env randomness every time
 
 
-def evaluate_pool(rt, state, *, heldout: bool) -> tuple[jax.Array, jax.Array]:
-    """(success with experience, success without) [] of greedy episodes on one pool."""
+def pool_setup(rt, state, heldout: bool):
+    """The evaluation episodes of one pool, shared by the tiny and the LLM path: (env, renderer, key, tasks [n],
+    task tokens [n, Lt], lengths [n], retrieved exp [n, L], exp_len [n], has [n]) — the first n tasks, a
+    fixed key, plain top-1 retrieval (no diversity bookkeeping) for methods with a bank."""
     from crl_jax.loop import query_keys, retrieve_entries
 
-    cfg = rt.cfg
     env = rt.eval_env if heldout else rt.env
     renderer = rt.eval_renderer if heldout else rt.renderer
-    n = min(cfg.eval.tasks, env.num_tasks)
+    n = min(rt.cfg.eval.tasks, env.num_tasks)
     tasks = jnp.arange(n, dtype=jnp.int32)
     tt = (rt.eval_task_tokens if heldout else rt.train_task_tokens)[:n]
     tl = (rt.eval_task_len if heldout else rt.train_task_len)[:n]
@@ -32,6 +33,14 @@ def evaluate_pool(rt, state, *, heldout: bool) -> tuple[jax.Array, jax.Array]:
     q = query_keys(rt, env, renderer, key, tasks, tt, tl)
     _, _, exp, exp_len, has = retrieve_entries(rt, state.bank, None, state.step, q,
                                                jnp.broadcast_to(state.flags.uses_bank, (n,)), diverse=False)
+    return env, renderer, key, tasks, tt, tl, exp, exp_len, has
+
+
+def evaluate_pool(rt, state, *, heldout: bool) -> tuple[jax.Array, jax.Array]:
+    """(success with experience, success without) [] of greedy episodes on one pool."""
+    cfg = rt.cfg
+    env, renderer, key, tasks, tt, tl, exp, exp_len, has = pool_setup(rt, state, heldout)
+    n = tasks.shape[0]
     two = lambda x: jnp.concatenate([x, x], 0)  # noqa: E731  rows [0, n): with experience, [n, 2n): without
     temp = 0.0 if cfg.eval.greedy else cfg.actor.temperature
     # Both halves get the same reset keys: same level and env randomness with and without experience.
@@ -43,10 +52,12 @@ def evaluate_pool(rt, state, *, heldout: bool) -> tuple[jax.Array, jax.Array]:
     return s[:n].mean(), s[n:].mean()
 
 
-def evaluate_all(rt, state) -> dict:
+def evaluate_all(rt, state, pool_fn=None) -> dict:
+    """The four evaluation metrics; `pool_fn` (default `evaluate_pool`) plays one pool (the LLM path its own)."""
+    pool_fn = pool_fn or evaluate_pool
     out = {}
     for pool, heldout in (("heldin", False), ("heldout", True)):
-        with_exp, without = evaluate_pool(rt, state, heldout=heldout)
+        with_exp, without = pool_fn(rt, state, heldout=heldout)
         out[f"eval_{pool}_with_exp"] = jnp.where(state.flags.uses_bank, with_exp, jnp.nan)
         out[f"eval_{pool}_without_exp"] = without
     return out
