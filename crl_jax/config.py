@@ -92,6 +92,7 @@ class ExtractorConfig:
     merge: bool = True  # periodic merge of the bank
     merge_every: int = 5  # steps between merges
     merge_chunk: int = 5  # entries per merge prompt
+    merge_max_chunks: int = 0  # chunks (of the oldest entries) rewritten per merge; 0 = the whole bank
     format: Literal["constrained", "json"] = "constrained"  # op tokens (tiny) or JSON in <answer> (LLM path)
 
 
@@ -343,6 +344,7 @@ def validate(cfg: Config) -> None:
     need(cfg.extraction.batch >= 1, "extraction.batch", "must be >= 1")
     need(cfg.extraction.merge_every >= 1, "extraction.merge_every", "must be >= 1")
     need(cfg.extraction.merge_chunk >= 1, "extraction.merge_chunk", "must be >= 1")
+    need(cfg.extraction.merge_max_chunks >= 0, "extraction.merge_max_chunks", "must be >= 0 (0 = the whole bank)")
     need(cfg.extraction.max_new_tokens >= 2, "extraction.max_new_tokens", "must be >= 2 (op token + entry)")
     need(cfg.eval.every >= 0, "eval.every", "must be >= 0")
     need(cfg.eval.tasks >= 1, "eval.tasks", "must be >= 1")

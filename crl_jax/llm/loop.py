@@ -2,9 +2,9 @@
 
 Steps (METHOD.md §2): `crl_jax.loop.prepare` (tasks, guided/free split, retrieval) -> `play` (multi-turn
 chat rollouts, free-text answers) -> extractor credit -> distillation with JSON operations (one host
-callback) -> split-GRPO actor batch of whole conversations + CISPO extractor batch -> one co-update.
-Metrics carry the tiny loop's keys (plus `invalid_action_frac`, `prompt_fill`); the periodic merge is not
-implemented on this path yet (`merged_entries` stays 0).
+callback) -> split-GRPO actor batch of whole conversations + CISPO extractor batch -> one co-update ->
+the periodic merge by the updated extractor (JSON answers, `crl_jax.llm.merge`).
+Metrics carry the tiny loop's keys (plus `invalid_action_frac`, `prompt_fill`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from crl_jax import train_state as ts
 from crl_jax.batches import episode_advantages, extractor_batch
 from crl_jax.llm.distill import distill
 from crl_jax.llm.evaluate import evaluate_all
+from crl_jax.llm.merge import maybe_merge
+from crl_jax.llm.merge import prompt_len as merge_prompt_len
 from crl_jax.llm.rollout import LLMEpisodes, play
 from crl_jax.models import transformer as tr
 
@@ -47,7 +49,9 @@ def init_state(rt, key, cfg=None) -> tiny.LoopState:
     state = tiny.LoopState(
         flags=tiny.MethodFlags.from_config(cfg),
         actor=ts.create_train_state(actor, rt.actor_tx), extractor=ts.create_train_state(extractor, rt.extractor_tx),
-        bank=bank, buffer=buffer_lib.init(cfg.extraction.buffer_capacity, cfg.extraction.prompt_len,
+        # merge samples share the buffer with distillations: prompts as wide as the longer of the two
+        bank=bank, buffer=buffer_lib.init(cfg.extraction.buffer_capacity,
+                                          max(cfg.extraction.prompt_len, merge_prompt_len(cfg, rt.merge_pieces)),
                                           cfg.extraction.max_new_tokens),
         key=k_run, step=jnp.int32(0), env_steps=jnp.int32(0))
     # Distinct buffers for every leaf: `compiled_chunk` donates the state, and XLA refuses to donate one
@@ -108,6 +112,8 @@ def finish(rt, state: tiny.LoopState, p: tiny.Prepared, ep: LLMEpisodes):
     buffer, eb = extractor_batch(rt, buffer, step, ready)
     ab = ab.replace(weight=jnp.where(flags.trains_actor, ab.weight, 0.0))
     actor, extractor, u_metrics = rt.co_update(state.actor, state.extractor, ab, eb)
+    bank, buffer, n_merged = maybe_merge(rt, bank, buffer, extractor.params, k.merge, step,
+                                         flags.edits_bank & flags.merge)
 
     played = jnp.maximum(ep.turns.sum(), 1).astype(jnp.float32)
     metrics = {
@@ -122,7 +128,7 @@ def finish(rt, state: tiny.LoopState, p: tiny.Prepared, ep: LLMEpisodes):
         "extractor_ready": ready.astype(jnp.float32),
         "ops_add": ops[0].astype(jnp.float32), "ops_update": ops[1].astype(jnp.float32),
         "ops_return": ops[2].astype(jnp.float32), "ops_invalid": ops[3].astype(jnp.float32),
-        "merged_entries": jnp.float32(0.0),
+        "merged_entries": n_merged.astype(jnp.float32),
         "buffer_overflow": buffer.overflow_count.astype(jnp.float32),
         "invalid_action_frac": ep.invalid.sum().astype(jnp.float32) / played,
         "prompt_fill": ep.length.max().astype(jnp.float32) / ep.tokens.shape[1],

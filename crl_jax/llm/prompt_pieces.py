@@ -214,3 +214,25 @@ def distill_prompt(p: DistillPieces, budget: int, goal, goal_len, obs, obs_len, 
     return p.layout.pack({"GOAL": (goal, goal_len), "OUTCOME": out, "RETRIEVED": ret, "TRAJECTORY": traj},
                          size=budget, pad_id=pad_id)
 
+
+
+def build_merge_pieces(tok, folder: str) -> dict:
+    """Segments of the merge prompt in `crl_jax.merge.merge_family`'s layout (header, sep, context,
+    entries, suffix): the chat of merge_system / merge_user cut at $context and $entries; `context` is the
+    merge_context label (only present when lessons are carried), `sep` the text merge_entry puts before
+    each lesson."""
+    user = prompts.render("merge_user", folder, context=slot("CONTEXT"), entries=slot("ENTRIES"))
+    text = chat_text(tok, [("system", prompts.render("merge_system", folder)), ("user", user)],
+                     add_generation_prompt=True)
+    parts = split_slots(text)
+    if [v for k, v in parts if k == "slot"] != ["CONTEXT", "ENTRIES"]:
+        raise ValueError("merge_user.txt: $context must come before $entries, each once")
+    i_c = next(i for i, (k, v) in enumerate(parts) if k == "slot" and v == "CONTEXT")
+    i_e = next(i for i, (k, v) in enumerate(parts) if k == "slot" and v == "ENTRIES")
+    cat = lambda ps: "".join(v for _, v in ps)  # noqa: E731  (only texts in these ranges)
+    sep, post = prompts.render("merge_entry", folder, entry=slot("X")).split(slot("X"))
+    if post:
+        raise ValueError("merge_entry.txt: nothing may follow $entry (the separator goes before each lesson)")
+    texts = {"header": cat(parts[:i_c]), "context": prompts.render("merge_context", folder),
+             "entries": cat(parts[i_c + 1: i_e]), "suffix": cat(parts[i_e + 1:]), "sep": sep}
+    return {k: token_row(tok, t) for k, t in texts.items()}

@@ -34,7 +34,9 @@ from crl_jax.llm.prompt_pieces import (
     DistillPieces,
     build_actor_pieces,
     build_distill_pieces,
+    build_merge_pieces,
 )
+from crl_jax.llm.merge import prompt_len as merge_prompt_len
 from crl_jax.models import presets
 from crl_jax.models import transformer as tr
 from crl_jax.models.embed import HashedNgramEmbedder
@@ -102,6 +104,7 @@ class LLMRuntime:
     eval_task_len: jax.Array
     actor_pieces: ActorPieces
     distill_pieces: DistillPieces
+    merge_pieces: dict  # merge prompt segments: header, sep, context, entries, suffix (crl_jax.merge layout)
     answer_parser: Any  # crl_jax.envs.actions.AnswerParser
     actor_graphdef: Any
     extractor_graphdef: Any
@@ -217,8 +220,11 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
     if dpieces.fixed_capacity > cfg.extraction.prompt_len:
         raise ConfigError(f"extraction.prompt_len: {cfg.extraction.prompt_len} tokens cannot hold the distillation "
                           f"prompt's fixed parts ({dpieces.fixed_capacity} tokens); raise it")
+    mpieces = build_merge_pieces(tok, cfg.prompts)
+    merge_len = merge_prompt_len(cfg, mpieces)
     for name, mc, plen in (("actor", acfg, apieces.prompt_len + cfg.rollout.max_action_tokens),
-                           ("extractor", ecfg, cfg.extraction.prompt_len + cfg.extraction.max_new_tokens)):
+                           ("extractor", ecfg, max(cfg.extraction.prompt_len, merge_len)
+                            + cfg.extraction.max_new_tokens)):
         if plen > mc.max_position_embeddings:
             raise ConfigError(f"{name}: sequences of {plen} tokens exceed the model's {mc.max_position_embeddings}")
         if mc.vocab_size < tok.vocab_size:
@@ -236,6 +242,7 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
     return LLMRuntime(cfg=cfg, tokenizer=tok, env=env, eval_env=eval_env, renderer=renderer,
                       eval_renderer=eval_renderer, train_task_tokens=ttok, train_task_len=tlen,
                       eval_task_tokens=etok_, eval_task_len=elen, actor_pieces=apieces, distill_pieces=dpieces,
+                      merge_pieces=mpieces,
                       answer_parser=make_answer_parser(env, tok), actor_graphdef=agd, extractor_graphdef=egd,
                       actor_config=acfg, extractor_config=ecfg, actor_weights=a_host, extractor_weights=e_host,
                       embedder=HashedNgramEmbedder(dim=cfg.bank.key_dim), num_turns=T, co_update=co_update,

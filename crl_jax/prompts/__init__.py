@@ -9,7 +9,9 @@ Files (this folder, or any folder with the same names given as `Config.prompts`)
   `distill_retrieved.txt` ($entry; left out when no entry guided the episode), `distill_step.txt`
   ($turn, $observation, $action: one turn of the trajectory), `outcome_success.txt` / `outcome_failure.txt`
   ($outcome), `invalid_action.txt` (the $action of a turn without a valid move);
-- `merge_system.txt`, `merge_user.txt` ($context, $entries).
+- `merge_system.txt`, `merge_user.txt` ($context: the `merge_context.txt` label and the lessons carried
+  from the previous chunk, left out for the first chunk; $entries: the lessons to merge), `merge_entry.txt`
+  ($entry: one lesson of either list, e.g. a new line and a dash before it; nothing may follow $entry).
 
 Placeholders use `string.Template` syntax (`$name` / `${name}`, `$$` for a dollar sign), so JSON
 examples need no escaping. One trailing newline of a file is dropped, so a file's text ends where its
@@ -26,7 +28,7 @@ import string
 FOLDER = os.path.dirname(os.path.abspath(__file__))
 NAMES = ("actor_system", "actor_experience", "actor_turn", "actor_next_turn", "distill_system", "distill_user",
          "distill_retrieved", "distill_step", "outcome_success", "outcome_failure", "invalid_action", "merge_system",
-         "merge_user")
+         "merge_user", "merge_context", "merge_entry")
 
 
 def folder(custom: str = "") -> str:
