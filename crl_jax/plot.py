@@ -1,9 +1,11 @@
 """Learning curves of one or more runs as a PNG (`crl-jax plot DIR [DIR ...] --out FILE`).
 
 Runs are grouped by label (the run's method, or the parent folder name when several seeds sit in one
-folder each): a group's curve is the mean over its runs with a 95% interval band (t-interval over seeds).
-Panels: training success of guided and free rollouts, evaluation with and without experience (held-in
-and held-out), bank size, extractor reward.
+folder each): a group's curve is the mean over its runs; the band is the 95% t-interval over seeds from 3
+runs on, and the min-max range for 2 runs (a 2-sample t-interval is 12.7 standard errors wide and says
+little). Success panels are clipped to [0, 1]. One colour per group in every panel, one legend for the
+figure. Panels: training success of guided and free rollouts, evaluation with and without experience
+(held-in and held-out), bank size, extractor reward.
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ def t_interval(x: np.ndarray) -> tuple[float, float]:
     return float(x.mean()), float(t * x.std(ddof=1) / np.sqrt(len(x)))
 
 
+def band(vals: np.ndarray):
+    """vals [seeds, steps] -> (mean, low, high) per step: 95% t-interval from 3 seeds, min-max below."""
+    stats = np.array([t_interval(vals[:, i]) for i in range(vals.shape[1])]).reshape(-1, 2)
+    mean = stats[:, 0]
+    if vals.shape[0] >= 3:
+        return mean, mean - stats[:, 1], mean + stats[:, 1]
+    with np.errstate(all="ignore"):
+        return mean, np.nanmin(vals, axis=0), np.nanmax(vals, axis=0)
+
+
 def run_label(run_dir: str) -> str:
     cfg = os.path.join(run_dir, "config.json")
     if os.path.exists(cfg):
@@ -61,8 +73,11 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
         if not os.path.exists(path):
             raise FileNotFoundError(f"no metrics.csv in run folder {d!r}")
         groups[run_label(d)].append(read_csv(path))
-    fig, axes = plt.subplots(2, 4, figsize=(18, 7.5))
+    fig, axes = plt.subplots(2, 4, figsize=(18, 8))
+    colors = {label: f"C{i % 10}" for i, label in enumerate(sorted(groups))}
+    handles = {}
     for ax, (col, title) in zip(axes.flat, PANELS):
+        bounded = col.startswith(("success", "eval"))
         for label, runs in sorted(groups.items()):
             n = min(len(r) for r in runs)
             steps = column(runs[0][:n], "step")
@@ -75,14 +90,25 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
             if w > 1 and col.startswith("success"):
                 k = np.ones(w) / w
                 vals = np.stack([np.convolve(np.nan_to_num(v), k, mode="same") for v in vals])
-            stats = np.array([t_interval(vals[:, i]) for i in range(vals.shape[1])])
-            ax.plot(steps, stats[:, 0], label=f"{label} (n={len(runs)})", marker="o" if len(steps) < 12 else None)
-            ax.fill_between(steps, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], alpha=0.2)
+            mean, lo, hi = band(vals)
+            if bounded:
+                lo, hi = np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
+            c = colors[label]
+            (line,) = ax.plot(steps, mean, color=c, label=f"{label} (n={len(runs)})",
+                              marker="o" if len(steps) < 12 else None)
+            ax.fill_between(steps, lo, hi, color=c, alpha=0.15)
+            handles.setdefault(label, line)
         ax.set_title(title)
         ax.set_xlabel("step")
+        if bounded:
+            ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes.flat[1].legend(fontsize=8)  # the free-success panel has every method (guided is empty for grpo)
-    fig.tight_layout()
+    sizes = {len(r) for r in groups.values()}
+    what = "95% t-interval" if min(sizes) >= 3 else ("min-max range" if max(sizes) <= 2 else
+                                                      "min-max (n=2) / 95% t-interval (n>=3)")
+    fig.legend([handles[k] for k in sorted(handles)], [handles[k].get_label() for k in sorted(handles)],
+               loc="lower center", ncol=min(len(handles), 6), fontsize=9, title=f"mean over seeds; band: {what}")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fig.savefig(out, dpi=90)
     plt.close(fig)

@@ -3,7 +3,7 @@
 import numpy as np
 
 from crl_jax.metrics import COLUMNS, MetricsWriter, read_csv, rows_from_chunk, summary_from_rows
-from crl_jax.plot import plot_runs, t_interval
+from crl_jax.plot import band, plot_runs, t_interval
 
 
 def _chunk(n, first, ev=False):
@@ -34,6 +34,17 @@ def test_t_interval_literal():
     mean, hw = t_interval(np.array([1.0, 2.0, 3.0]))
     assert mean == 2.0 and abs(hw - 4.30 * 1.0 / np.sqrt(3)) < 1e-9
     assert t_interval(np.array([5.0])) == (5.0, 0.0)
+
+
+def test_band_is_min_max_for_two_seeds_and_t_interval_from_three():
+    two = np.array([[0.0, 1.0], [0.5, 0.0]])
+    mean, lo, hi = band(two)
+    np.testing.assert_allclose(mean, [0.25, 0.5])
+    np.testing.assert_allclose(lo, [0.0, 0.0])
+    np.testing.assert_allclose(hi, [0.5, 1.0])
+    three = np.array([[1.0], [2.0], [3.0]])
+    mean, lo, hi = band(three)
+    assert mean[0] == 2.0 and abs(hi[0] - 2.0 - 4.30 / np.sqrt(3)) < 1e-9 and abs(2.0 - lo[0] - 4.30 / np.sqrt(3)) < 1e-9
 
 
 def test_plot_writes_png(tmp_path):
