@@ -1,14 +1,29 @@
 """Test set-up before jax starts: 8 simulated CPU devices (sharding tests), LLVM backend optimisation
-level 0 (tests run many small programs once: compile time dominates, ~40% less of it), float32 matmuls."""
+level 0 (tests run many small programs once: compile time dominates, ~40% less of it), float32 matmuls,
+and a persistent XLA compilation cache private to this test session (a fresh folder, removed at the end):
+the compiled programs are dropped after every module to bound memory, and modules (and the multi-host
+worker processes, which inherit the folder) that compile the same program again load it from disk."""
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="crl_jax_test_xla_cache_"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")  # small programs: not worth the I/O
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+# the same settings again in case a plugin imported jax before this file ran
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                  int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
 
 import gc  # noqa: E402
 
@@ -22,3 +37,8 @@ def _free_compiled_programs_after_each_module():
     yield
     jax.clear_caches()
     gc.collect()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_CACHE:
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
