@@ -50,11 +50,32 @@ def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, 
                          has_exp)
 
 
+def apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, step, eviction: str):
+    """Apply operations in order (a `lax.scan` over the leading axis [M]): where `writes`, `op` ADD adds
+    `entry` under `keys` (family 0), UPDATE rewrites the entry in `slots`; `ids` become the entries' source.
+
+    An update must not rewrite a slot that an earlier add of the same call has reused: it is pinned to the
+    insertion counter the entry had before the call (`bank.update(expect_order=...)`).
+    """
+    orders = bank.insert_order[jnp.maximum(slots, 0)]
+
+    def apply_one(b, xs):
+        w, o, e, el, k, s, sid, order, i = xs
+        added, _ = bank_lib.add(b, e, el, k, jnp.int32(0), step, sid, eviction=eviction,
+                                rng=jax.random.fold_in(key, 1000 + i))
+        updated = bank_lib.update(b, s, e, el, step, sid, expect_order=order)
+        nb = jax.tree_util.tree_map(lambda a, u: jnp.where(o == ADD, a, u), added, updated)
+        return jax.tree_util.tree_map(lambda n_, o_: jnp.where(w, n_, o_), nb, b), None
+
+    bank, _ = jax.lax.scan(apply_one, bank, (writes, op, entry, entry_len, keys, slots, ids, orders,
+                                             jnp.arange(writes.shape[0])))
+    return bank
+
+
 def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, episodes, keys, exp, exp_len,
             has_exp, slots, mask) -> DistillOut:
     """Generate one operation per masked episode and apply them to bank and buffer in episode order."""
     cfg = rt.cfg
-    N = task_tokens.shape[0]
     prompts, plen = distill_prompts(rt, task_tokens, task_len, episodes, episodes.success, exp, exp_len, has_exp)
     scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,
                          stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id)
@@ -68,19 +89,7 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     buffer, ids = buffer_lib.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step,
                                       writes)
 
-    # An update must not rewrite a slot that an earlier add of this step has reused: pin the entry by
-    # the insertion counter it had at retrieval.
-    orders = bank.insert_order[jnp.maximum(slots, 0)]
-
-    def apply_one(b, xs):
-        w, o, e, el, k, s, sid, order, i = xs
-        added, _ = bank_lib.add(b, e, el, k, jnp.int32(0), step, sid, eviction=cfg.bank.eviction,
-                                rng=jax.random.fold_in(key, 1000 + i))
-        updated = bank_lib.update(b, s, e, el, step, sid, expect_order=order)
-        nb = jax.tree_util.tree_map(lambda a, u: jnp.where(o == ADD, a, u), added, updated)
-        return jax.tree_util.tree_map(lambda n_, o_: jnp.where(w, n_, o_), nb, b), None
-
-    bank, _ = jax.lax.scan(apply_one, bank, (writes, op, entry, entry_len, keys, slots, ids, orders, jnp.arange(N)))
+    bank = apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, step, cfg.bank.eviction)
     n_invalid = jnp.sum(mask & ~valid)
     n_add = jnp.sum(writes & (op == ADD))
     n_update = jnp.sum(writes & (op == UPDATE))

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import chex
 import jax
 import jax.numpy as jnp
 

