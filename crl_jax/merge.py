@@ -21,8 +21,9 @@ Semantics:
   `<ADD>` starts a merged entry that runs to the next op token / EOS / the end; `<UPDATE>` / `<RETURN>`
   tokens only end the previous entry. `parse_fn(response [R], length []) -> (op [K], entry [K, L],
   entry_len [K], mask [K])` replaces that reader (the LLM path parses JSON operations on the host); only
-  masked `add` rows (op 0) become merged entries either way. At most `max_entries_out` entries, and never more than the chunk has sources (a
-  merge never grows the bank, so adding merged entries never evicts anything).
+  masked `add` rows (op 0) become merged entries either way. At most `max_entries_out` entries, and never
+  more than the chunk has sources (a merge never grows the bank, so adding merged entries never evicts
+  anything).
 - Apply. `bank.apply_merge(bank, chunk_slots, merged..., task=family, step, source)` invalidates the
   chunk's entries and adds the merged ones (key = normalised mean of the sources' keys, written by
   apply_merge). A chunk whose response holds no non-empty `<ADD>` entry is NOT applied (its entries
@@ -78,9 +79,8 @@ def _empty():
 
 def merge_family(bank, family, generate_fn: Callable, key, step, *, header_tokens, max_prompt: int,
                  max_entries_out: int, op_ids=None, eos_id: int = -1, chunk: int = 5,
-                 max_chunks: int | None = None,
-                 source_start=-1, entry_sep=None, context_prefix=None, entries_prefix=None, suffix=None,
-                 pad_id: int = 0, parse_fn: Callable | None = None):
+                 max_chunks: int | None = None, source_start=-1, entry_sep=None, context_prefix=None,
+                 entries_prefix=None, suffix=None, pad_id: int = 0, parse_fn: Callable | None = None):
     """Merge the entries of one task family -> (bank, MergeSamples). See the module docstring.
 
     header_tokens / entry_sep / context_prefix / entries_prefix / suffix: token segments

@@ -48,10 +48,10 @@ def merge_into(rt, bank, buffer, key, step, *, generate_fn, max_out: int, parse_
     p = rt.merge_pieces
     bank, s = merge_bank(bank, 1, generate_fn, key, step, source_start=buffer.next_id,
                          header_tokens=p["header"], entry_sep=p["sep"], context_prefix=p["context"],
-                         entries_prefix=p["entries"], suffix=p["suffix"], max_prompt=merge_prompt_len(cfg, p, max_out),
-                         max_entries_out=max_out, op_ids=op_ids, eos_id=rt.tokenizer.eos_id,
-                         chunk=cfg.extraction.merge_chunk, max_chunks=max_chunks(cfg), pad_id=rt.tokenizer.pad_id,
-                         parse_fn=parse_fn)
+                         entries_prefix=p["entries"], suffix=p["suffix"],
+                         max_prompt=merge_prompt_len(cfg, p, max_out), max_entries_out=max_out, op_ids=op_ids,
+                         eos_id=rt.tokenizer.eos_id, chunk=cfg.extraction.merge_chunk, max_chunks=max_chunks(cfg),
+                         pad_id=rt.tokenizer.pad_id, parse_fn=parse_fn)
     flat = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), s)
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]
     pad2 = lambda x, n, v=0: jnp.pad(x, ((0, 0), (0, n - x.shape[1])), constant_values=v)  # noqa: E731

@@ -215,7 +215,6 @@ def distill_prompt(p: DistillPieces, budget: int, goal, goal_len, obs, obs_len, 
                          size=budget, pad_id=pad_id)
 
 
-
 def build_merge_pieces(tok, folder: str) -> dict:
     """Segments of the merge prompt in `crl_jax.merge.merge_family`'s layout (header, sep, context,
     entries, suffix): the chat of merge_system / merge_user cut at $context and $entries; `context` is the
