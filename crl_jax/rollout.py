@@ -57,10 +57,7 @@ def last_logits(graphdef, params, tokens, lengths):
     """Logits [N, V] of the next token after each right-padded prompt tokens[N, P] of length lengths[N]."""
     chex.assert_rank([tokens, lengths], [2, 1])
     model = tr.merge(graphdef, params)
-    mask = jnp.arange(tokens.shape[1])[None, :] < lengths[:, None]
-    h = model(tokens, attention_mask=mask, return_hidden=True)
-    last = jnp.take_along_axis(h, (lengths - 1)[:, None, None], axis=1)  # [N, 1, H]
-    return model.unembed(last)[:, 0]
+    return model.unembed(model.last_hidden(tokens, lengths)[:, None])[:, 0]  # last layer: one query row
 
 
 def graphdef_vocab(graphdef, params) -> int:

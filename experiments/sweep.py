@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     spec = load_spec(a.config, seeds=a.seeds, steps=a.steps)
     if a.dry_run:
-        programs = plan(expand(spec, a.out))
+        programs = plan(expand(spec, a.out), spec.per_point, spec.vmap_seeds)
         for i, p in enumerate(programs):
             runs = ", ".join(f"{m.point}/seed{m.seed}" for m in p.members)
             print(f"program {i + 1}: {len(p.members)} runs x {p.steps} steps: {runs}")

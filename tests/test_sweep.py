@@ -138,22 +138,25 @@ def test_load_spec_and_cli_dry_run(tmp_path, capsys):
     assert cli.main(["--config", str(f), "--out", str(tmp_path / "o"), "--steps", "3", "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].startswith("program 1: 4 runs x 3 steps: crl,env.params.dark=True/seed3")
+    assert len(plan(ms, vmap_seeds=False)) == 8 and not plan(ms, vmap_seeds=False)[0].vmapped
     bad = tmp_path / "bad.yaml"
+    bad.write_text("vmap_seeds: 2\n")
+    with pytest.raises(Exception, match="vmap_seeds"):
+        load_spec(str(bad))
     bad.write_text("grid: {method: crl}\n")
     with pytest.raises(Exception, match="grid.method"):
         load_spec(str(bad))
 
 
-def test_demo_runs_one_program_per_method_and_equals_single_runs(singles, tmp_path, capsys):
-    """`crl-jax demo` (the README's main job) on the micro config: seeds of a method vmapped with unbatched
-    flags, one compilation for both methods, run folders identical to single runs, table and plot."""
+def test_demo_runs_every_run_alone_and_equals_single_runs(singles, tmp_path, capsys):
+    """`crl-jax demo` (the README's main job) on the micro config: every run alone with the single-run
+    program (no vmapped program), run folders identical to single runs, table and plot."""
     from crl_jax.cli import main
 
     out = str(tmp_path / "demo")
     before = dict(sweep.TRACES)
     main(["demo", "--seeds", "2", "--steps", "2", "--out", out, *MICRO])
-    new = {k: v - before.get(k, 0) for k, v in sweep.TRACES.items() if v != before.get(k, 0)}
-    assert list(new.values()) == [1] and list(new)[0][2] is False  # one trace, flags unbatched, both methods
+    assert sweep.TRACES == before  # no vmapped program traced
     for (m, s), d in singles.items():
         assert _read(os.path.join(out, m, f"seed{s}", "metrics.csv")) == _read(os.path.join(d, "metrics.csv")), (m, s)
     table = _read(os.path.join(out, "comparison.txt"))

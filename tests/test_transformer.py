@@ -39,3 +39,29 @@ def test_left_padding_matches_unpadded():
 def test_bad_config_names_field():
     with pytest.raises(ValueError, match="num_kv_heads"):
         tr.tiny_config(10, num_heads=4, num_kv_heads=3)
+
+
+@pytest.mark.parametrize("layers,bias,qk,remat", [(2, False, False, False), (1, True, True, False),
+                                                   (3, False, True, True)])
+def test_last_hidden_equals_the_full_forward_at_the_last_position(layers, bias, qk, remat):
+    """`last_hidden` (last layer computed for one query row) == the full forward's hidden state at
+    lengths-1, for right-padded rows of every length, and its gradient too."""
+    cfg = tr.tiny_config(50, hidden_size=32, num_layers=layers, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                         attention_bias=bias, qk_norm=qk, remat=remat)
+    model = tr.create(cfg, jax.random.key(0))
+    toks = jax.random.randint(jax.random.key(1), (5, 17), 0, 50)
+    lens = jnp.array([17, 1, 5, 9, 12])
+    mask = jnp.arange(17)[None] < lens[:, None]
+    ref = model(toks, attention_mask=mask, return_hidden=True)[jnp.arange(5), lens - 1]
+    np.testing.assert_allclose(np.asarray(model.last_hidden(toks, lens)), np.asarray(ref), atol=2e-6)
+    graphdef, params = tr.split(model)
+
+    def loss(p, fast):
+        m = tr.merge(graphdef, p)
+        h = m.last_hidden(toks, lens) if fast else m(toks, attention_mask=mask, return_hidden=True)[jnp.arange(5),
+                                                                                                      lens - 1]
+        return jnp.sum(jnp.sin(h))
+
+    g_fast, g_ref = jax.grad(loss)(params, True), jax.grad(loss)(params, False)
+    for a, b in zip(jax.tree_util.tree_leaves(g_fast), jax.tree_util.tree_leaves(g_ref)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=5e-5)

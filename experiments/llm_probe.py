@@ -1,0 +1,91 @@
+"""What SmolLM2-135M-Instruct does with the loop's own prompts, before any training (CPU-sized).
+
+    python experiments/llm_probe.py [--episodes 8] [--turns 3] [--reply 48] [--extract 192] [--lit]
+
+Plays `--episodes` episodes of `--turns` turns with the LLM path's compiled rollout (`crl_jax.llm.rollout.play`,
+free-text replies of at most `--reply` tokens, sampled at temperature 1 and greedy), then asks the extractor
+for operations on each episode (the distillation prompt, sampler and JSON parser of `crl_jax.llm.distill`,
+at most `--extract` tokens), and prints the
+fraction of replies with a valid `<answer>move</answer>`, success, how many extractor answers parse as JSON
+operations, and a few decoded replies. No training, no bank: a measure of what the untrained model can do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import crl_jax.llm as L
+from crl_jax.config import load
+from crl_jax.llm.distill import distill_prompts, parse_responses
+from crl_jax.llm.rollout import play
+from crl_jax.sampling import SamplerConfig, sample_tokens
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--episodes", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--reply", type=int, default=48, help="reply token budget (rollout.max_action_tokens)")
+    ap.add_argument("--extract", type=int, default=192, help="extractor token budget (extraction.max_new_tokens)")
+    ap.add_argument("--lit", action="store_true", help="lit room (default: the preset's dark room)")
+    ap.add_argument("--show", type=int, default=3, help="decoded replies / extractor answers to print")
+    a = ap.parse_args(argv)
+    ov = [f"rollout.max_action_tokens={a.reply}", f"env.max_turns={a.turns}", f"extraction.max_new_tokens={a.extract}",
+          "extraction.prompt_len=1024", "actor.dtype=float32", "extractor.dtype=float32", "env.num_train_tasks=16",
+          "env.num_eval_tasks=4", "rollout.groups=1", "rollout.group_size=2", "bank.capacity=64"]
+    if a.lit:
+        ov.append("env.params.dark=false")
+    cfg = load(os.path.join(ROOT, "experiments", "configs", "smollm2_room.yaml"), ov)
+    t0 = time.time()
+    rt = L.build(cfg)
+    state = L.init_state(rt, jax.random.key(0), cfg)
+    N = a.episodes
+    tasks = jnp.arange(N, dtype=jnp.int32) % cfg.env.num_train_tasks
+    exp = jnp.zeros((N, cfg.bank.entry_len), jnp.int32)
+    common = dict(env=rt.env, renderer=rt.renderer, tasks=tasks, task_tokens=rt.train_task_tokens[tasks],
+                  task_len=rt.train_task_len[tasks], exp=exp, exp_len=jnp.zeros((N,), jnp.int32),
+                  has_exp=jnp.zeros((N,), bool))
+    tok = rt.tokenizer
+    print(f"build {time.time() - t0:.0f}s; {'lit' if a.lit else 'dark'} room, {N} episodes x {a.turns} turns, "
+          f"replies <= {a.reply} tokens")
+    for name, temp in (("sampled (T=1)", 1.0), ("greedy", 0.0)):
+        t1 = time.time()
+        f = jax.jit(lambda p, k, temp=temp: play(rt, p, k, temperature=temp, **common))
+        ep = jax.device_get(f(state.actor.params, jax.random.key(1)))
+        played = int(ep.turns.sum())
+        print(f"\n{name}: {time.time() - t1:.0f}s; valid answers {played - int(ep.invalid.sum())}/{played} turns, "
+              f"success {int(ep.success.sum())}/{N}")
+        rows = np.nonzero(ep.loss_mask[0])[0]
+        if rows.size:
+            print("  episode 0's replies:", repr(tok.decode(ep.tokens[0][rows].tolist())[:600]))
+    # The extractor on the sampled episodes (no entry retrieved): the distillation's own prompts, sampler
+    # and host JSON parser (`crl_jax.llm.distill`), without touching a bank.
+    t1 = time.time()
+    scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,
+                         stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
+
+    def extract(params, ep_, key):
+        prompts, plen = distill_prompts(rt, common["task_tokens"], common["task_len"], ep_, exp, common["exp_len"],
+                                        common["has_exp"])
+        resp, _, rlen = sample_tokens(rt.extractor_graphdef, params, prompts, plen, key, scfg)
+        return resp, rlen, parse_responses(rt, resp, rlen)
+
+    ep = f(state.actor.params, jax.random.key(1))
+    resp, rlen, ops = jax.device_get(jax.jit(extract)(state.extractor.params, ep, jax.random.key(2)))
+    n_ok = int(ops["valid"].sum())
+    n_add = int((ops["mask"] & (ops["op"] == 0)).sum())
+    print(f"\nextractor ({time.time() - t1:.0f}s, <= {a.extract} tokens): {n_ok}/{N} answers parse as JSON "
+          f"operations, {n_add} add operations")
+    for i in range(min(a.show, N)):
+        print("  ", repr(tok.decode(resp[i][: int(rlen[i])].tolist())[:400]))
+
+if __name__ == "__main__":
+    main()
