@@ -294,7 +294,7 @@ def run_program(prog: Program, *, chunk: int, bar=None, log=print) -> None:
             stacked, metrics = vmapped_chunk(prog.rt, n, fb)(stacked, jnp.int32(prog.steps))
         else:
             stacked, metrics = loop.compiled_chunk(prog.rt, n)(stacked, jnp.int32(prog.steps))
-            metrics = {k: np.asarray(v)[None] for k, v in jax.device_get(metrics).items()}
+            metrics = {k: v[None] for k, v in metrics.items()}  # the one member's rows, as [1, n]
         metrics = jax.device_get(metrics)
         for i, (m, w, c) in enumerate(zip(todo, writers, cks)):
             w.write(rows_from_chunk({k: v[i] for k, v in metrics.items()}, done))

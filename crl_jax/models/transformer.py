@@ -252,14 +252,7 @@ class Transformer(nnx.Module):
 
         def block(h, xs):
             lp, kc, vc = xs
-            x = rms_norm(h, lp["attn_norm"], cfg.rms_norm_eps)
-            q, k, v, new_kc, new_vc = self._qkv(x, lp, positions, inv_freq, attn_factor, kc, vc, cache_index)
-            if kc is not None:
-                k, v = new_kc, new_vc
-            a = self._attend(q, k, v, mask)
-            h = h + jnp.einsum("btf,fh->bth", a, lp["wo"]).astype(h.dtype)
-            h = h + self._mlp(h, lp)
-            return h, (new_kc, new_vc)
+            return self._layer(h, lp, positions, inv_freq, attn_factor, mask, kc=kc, vc=vc, cache_index=cache_index)
 
         if cfg.remat:
             block = jax.checkpoint(block)
@@ -291,28 +284,33 @@ class Transformer(nnx.Module):
         inv_freq = jnp.asarray(inv_freq_np)
         last = jnp.clip(lengths - 1, 0, T - 1)
         lps = self.layer_params()
-        first = jax.tree_util.tree_map(lambda x: x[:-1], lps)
-        top = jax.tree_util.tree_map(lambda x: x[-1], lps)
 
         def block(h, lp):
-            x = rms_norm(h, lp["attn_norm"], cfg.rms_norm_eps)
-            q, k, v, _, _ = self._qkv(x, lp, positions, inv_freq, attn_factor, None, None, None)
-            h = h + jnp.einsum("btf,fh->bth", self._attend(q, k, v, mask), lp["wo"]).astype(h.dtype)
-            return h + self._mlp(h, lp), None
+            return self._layer(h, lp, positions, inv_freq, attn_factor, mask)[0], None
 
         if cfg.remat:
             block = jax.checkpoint(block)
         h = self.embed_tokens(tokens)
         if cfg.num_layers > 1:
-            h, _ = jax.lax.scan(block, h, first)
-        x = rms_norm(h, top["attn_norm"], cfg.rms_norm_eps)
-        q, k, v, _, _ = self._qkv(x, top, positions, inv_freq, attn_factor, None, None, None)
-        q1 = jnp.take_along_axis(q, last[:, None, None, None], axis=1)  # [B, 1, Nq, D]
+            h, _ = jax.lax.scan(block, h, jax.tree_util.tree_map(lambda x: x[:-1], lps))
         m1 = key_valid[:, None, :] & (jnp.arange(T)[None, None, :] <= last[:, None, None])  # [B, 1, T]
-        h1 = jnp.take_along_axis(h, last[:, None, None], axis=1)  # [B, 1, H]
-        h1 = h1 + jnp.einsum("btf,fh->bth", self._attend(q1, k, v, m1), top["wo"]).astype(h1.dtype)
-        h1 = h1 + self._mlp(h1, top)
+        h1, _ = self._layer(h, jax.tree_util.tree_map(lambda x: x[-1], lps), positions, inv_freq, attn_factor, m1,
+                            query_at=last)
         return rms_norm(h1, self.final_norm[...], cfg.rms_norm_eps)[:, 0]
+
+    def _layer(self, h, lp, positions, inv_freq, attn_factor, mask, *, kc=None, vc=None, cache_index=None,
+               query_at=None):
+        """One decoder block -> (h, (new k cache, new v cache)). `query_at` [B]: keys and values of every
+        position, but attention output and MLP for that one position only (h comes back [B, 1, H])."""
+        x = rms_norm(h, lp["attn_norm"], self.cfg.rms_norm_eps)
+        q, k, v, new_kc, new_vc = self._qkv(x, lp, positions, inv_freq, attn_factor, kc, vc, cache_index)
+        if kc is not None:
+            k, v = new_kc, new_vc
+        if query_at is not None:
+            q = jnp.take_along_axis(q, query_at[:, None, None, None], axis=1)  # [B, 1, Nq, D]
+            h = jnp.take_along_axis(h, query_at[:, None, None], axis=1)  # [B, 1, H]
+        h = h + jnp.einsum("btf,fh->bth", self._attend(q, k, v, mask), lp["wo"]).astype(h.dtype)
+        return h + self._mlp(h, lp), (new_kc, new_vc)
 
     def _mlp(self, h, lp):
         x = rms_norm(h, lp["mlp_norm"], self.cfg.rms_norm_eps)
