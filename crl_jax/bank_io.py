@@ -70,41 +70,102 @@ def export_jsonl(bank: ExperienceBank, tokenizer, path) -> int:
     return len(recs)
 
 
+class BankFileWarning(UserWarning):
+    """An offline bank file loaded with a caveat (empty, texts cut to `bank.entry_len`, more entries than
+    `bank.capacity`); the message names the file and the counts."""
+
+
+def _bank_error(path, line: int | None, msg: str):
+    from crl_jax.config import ConfigError
+
+    where = f"{path}:{line}" if line else str(path)
+    return ConfigError(f"bank.offline_path: {where}: {msg}")
+
+
+def _read_lines(path) -> list[str]:
+    """The file's lines as text; a byte sequence that is not UTF-8 is reported with its line number."""
+    try:
+        data = open(path, "rb").read()
+    except OSError as e:
+        raise FileNotFoundError(f"offline bank file {path!r} cannot be read: {e}") from None
+    lines = data.split(b"\n")
+    out = []
+    for i, raw in enumerate(lines, 1):
+        try:
+            out.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise _bank_error(path, i, f"not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
+    if out and out[-1] == "":
+        out.pop()
+    return out
+
+
+def parse_entry(path, i: int, line: str, key_dim: int) -> tuple[str, int, np.ndarray]:
+    """(text, task, key [key_dim] float32) of one JSON line, or a one-line ConfigError naming file and line.
+
+    `key` is required: retrieval queries are embeddings of a task's text plus its first observation, which a
+    line of text cannot reproduce, so an entry keyed by its own text would never be retrieved."""
+    try:
+        r = json.loads(line)  # NaN / Infinity parse as floats: rejected below
+    except json.JSONDecodeError as e:
+        raise _bank_error(path, i, f"not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(r, dict):
+        raise _bank_error(path, i, f"expected a JSON object, got {type(r).__name__}")
+    text = r.get("text")
+    if not isinstance(text, str):
+        raise _bank_error(path, i, "needs a string `text`")
+    task = r.get("task", 0)
+    if isinstance(task, bool) or not isinstance(task, int) or task < 0:
+        raise _bank_error(path, i, f"`task` must be a non-negative integer, got {task!r}")
+    if "key" not in r:
+        raise _bank_error(path, i, "no `key`: an entry's key is the embedding of its task text + first observation "
+                                   "(what queries are), which its text alone cannot give; write bank files with "
+                                   "`crl-jax bank export`, which stores each entry's key")
+    k = r["key"]
+    if not isinstance(k, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in k):
+        raise _bank_error(path, i, "`key` must be a list of numbers")
+    key = np.asarray(k, np.float32)
+    if key.shape != (key_dim,):
+        raise _bank_error(path, i, f"key has {key.shape[0]} dims, the bank uses {key_dim} (bank.key_dim)")
+    if not np.isfinite(key).all():
+        raise _bank_error(path, i, "key holds NaN or infinite values")
+    return text, task, key
+
+
 def load_jsonl(bank: ExperienceBank, tokenizer, path, embedder=None) -> ExperienceBank:
     """Add the entries of a JSON-lines file (as written by `export_jsonl`) to `bank`, in file order.
 
-    Each line needs `text`; `task` defaults to 0; `key` (a list of `bank.key_dim` floats) defaults to
-    `embedder` applied to the text. Malformed lines raise ValueError naming the file and line.
+    Each line needs `text` and `key` (a list of `bank.key_dim` finite floats); `task` (a non-negative
+    integer) defaults to 0. A bad line raises `ConfigError` naming the file and line; an empty file, texts
+    longer than `bank.entry_len` tokens and more entries than `bank.capacity` give a `BankFileWarning` with
+    the counts. `embedder` is not used (an entry's key cannot be computed from its text; see `parse_entry`).
     """
+    import warnings
+
     import jax.numpy as jnp
 
     from crl_jax import bank as bank_lib
 
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except OSError as e:
-        raise FileNotFoundError(f"offline bank file {path!r} cannot be read: {e}") from None
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-            text = r["text"]
-            if not isinstance(text, str):
-                raise TypeError("text is not a string")
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}:{i}: not a bank entry ({e})") from None
-        ids = tokenizer.encode(text)[: bank.entry_len]
+    del embedder
+    entries = [parse_entry(path, i, line, bank.key_dim)
+               for i, line in enumerate(_read_lines(path), 1) if line.strip()]
+    if not entries:
+        warnings.warn(f"offline bank file {path} holds no entries: the bank starts empty", BankFileWarning,
+                      stacklevel=2)
+    cut = 0
+    for text, task, key in entries:
+        ids = tokenizer.encode(text)
+        cut += len(ids) > bank.entry_len
+        ids = ids[: bank.entry_len]
         tokens = np.zeros((bank.entry_len,), np.int32)
         tokens[: len(ids)] = ids
-        if "key" in r:
-            key = np.asarray(r["key"], np.float32)
-            if key.shape != (bank.key_dim,):
-                raise ValueError(f"{path}:{i}: key has {key.shape[0]} dims, the bank uses {bank.key_dim}")
-        elif embedder is not None:
-            key = np.asarray(embedder(jnp.asarray(tokens), jnp.int32(len(ids))))
-        else:
-            raise ValueError(f"{path}:{i}: no key and no embedder to compute one")
         bank, _ = bank_lib.add(bank, jnp.asarray(tokens), jnp.int32(len(ids)), jnp.asarray(key),
-                               jnp.int32(r.get("task", 0)), jnp.int32(-1), jnp.int32(-1))
+                               jnp.int32(task), jnp.int32(-1), jnp.int32(-1))
+    if cut:
+        warnings.warn(f"offline bank file {path}: {cut} of {len(entries)} entries cut to bank.entry_len="
+                      f"{bank.entry_len} tokens", BankFileWarning, stacklevel=2)
+    if len(entries) > bank.capacity:
+        warnings.warn(f"offline bank file {path}: {len(entries)} entries for bank.capacity={bank.capacity}: the "
+                      f"first {len(entries) - bank.capacity} were overwritten (FIFO)",
+                      BankFileWarning, stacklevel=2)
     return bank

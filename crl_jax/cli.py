@@ -1,13 +1,16 @@
 """`crl-jax` command line: train | eval | demo | plot | bank.
 
     crl-jax train --config experiments/configs/default.yaml [--method M] [--seed N] [--steps N]
-                  [--out DIR] [--resume latest|latest_valid|never] [key=value ...]
+                  [--out DIR] [--resume latest|latest_valid|never] [--overwrite] [--label L]
+                  [--max-nonfinite N] [key=value ...]
+    crl-jax config show [--config F] [key=value ...]   # the resolved config, every key
     crl-jax eval DIR                      # evaluate the latest checkpoint of a run folder
     crl-jax demo [--seeds 3] [--out runs/demo]   # the README's main job: CRL vs GRPO, table + plot
     crl-jax plot DIR [DIR ...] [--out FILE]
     crl-jax bank show DIR [--task N] [--top N] | crl-jax bank export DIR --out FILE.jsonl
 
-Errors in the config, checkpoint or run folder exit with status 2 and one line naming what is wrong.
+Errors in the config, checkpoint, bank file or run folder exit with status 2 and one line naming what is
+wrong; a run stopped for too many non-finite updates exits 3; Ctrl-C exits 130 (rerun to resume).
 """
 
 from __future__ import annotations
@@ -35,8 +38,19 @@ def cmd_train(args):
 
     cfg = _load_cfg(args)
     out = args.out or os.path.join("runs", f"{cfg.method}_seed{cfg.seed}")
-    summary = run(cfg, out, resume=args.resume, progress=not args.quiet)
+    summary = run(cfg, out, resume=args.resume, progress=not args.quiet, label=args.label,
+                  overwrite=args.overwrite, max_nonfinite=args.max_nonfinite)
     print(json.dumps(summary, indent=2, sort_keys=True))
+
+
+def cmd_config(args):
+    """Print the resolved config (file + overrides, validated) as YAML with every key, so keys are
+    discoverable and a run's exact settings can be copied."""
+    import yaml
+
+    from crl_jax.config import to_dict
+
+    print(yaml.safe_dump(to_dict(_load_cfg(args)), sort_keys=False, default_flow_style=False), end="")
 
 
 def _restore_run(run_dir):
@@ -112,20 +126,51 @@ def cmd_demo(args):
     demo(seeds=args.seeds, out=args.out, steps=args.steps, config=args.config, overrides=args.overrides or [])
 
 
+OVERRIDES_HELP = """overrides:
+  Any config field can be set after the options as a dotted key=value, the same nesting as the YAML file:
+    crl-jax train --out runs/a actor.lr=1e-3 rollout.groups=8 env.params.dark=false
+  Values are YAML scalars (1e-3, true, "text"); the command line wins over --config, which wins over the
+  defaults. Unknown keys, wrong types and out-of-range values exit 2 naming the key.
+  `crl-jax config show [--config F] [key=value ...]` prints every key with its resolved value.
+
+resuming:
+  Rerunning the same command resumes from the newest checkpoint in --out; --steps may grow (the training
+  columns equal an uninterrupted run's). steps, checkpoint_every, keep_checkpoints and eval.every may
+  change on a resume; any other difference is refused, naming the keys.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="crl-jax", description="Complementary RL in JAX")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    t = sub.add_parser("train", help="train one run (resumes from the latest checkpoint in --out)")
+    t = sub.add_parser("train", help="train one run (resumes from the latest checkpoint in --out)",
+                       epilog=OVERRIDES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
     t.add_argument("--method", default=None, choices=["crl", "grpo", "static_online", "offline", "exp_only"])
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--steps", type=int, default=None)
     t.add_argument("--out", default=None, help="run folder (default runs/<method>_seed<seed>)")
-    t.add_argument("--resume", default="latest", choices=["latest", "latest_valid", "never"])
+    t.add_argument("--resume", default="latest", choices=["latest", "latest_valid", "never"],
+                   help="latest: the newest checkpoint (must be readable); latest_valid: the newest readable one "
+                        "(newer unreadable ones are moved to corrupt_checkpoints/); never: start fresh (refused on "
+                        "a folder holding a run unless --overwrite)")
+    t.add_argument("--overwrite", action="store_true", help="delete the run already in --out and start clean")
+    t.add_argument("--label", default=None, help="name of the run's group in plots (default: the folder name, or "
+                                                 "the parent folder of OUT/<label>/seed<N>)")
+    t.add_argument("--max-nonfinite", type=int, default=10, metavar="N",
+                   help="stop (exit 3) once more than N updates were skipped for non-finite loss/gradients "
+                        "(default 10)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. actor.lr=1e-3")
+    t.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. actor.lr=1e-3")
     t.set_defaults(fn=cmd_train)
+
+    c = sub.add_parser("config", help="show the resolved config (every key)", epilog=OVERRIDES_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("action", choices=["show"])
+    c.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
+    c.add_argument("overrides", nargs="*", metavar="key=value")
+    c.set_defaults(fn=cmd_config)
 
     e = sub.add_parser("eval", help="evaluate the latest checkpoint of a run folder")
     e.add_argument("run_dir")
@@ -154,16 +199,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line_warnings() -> None:
+    """Warnings (e.g. a bank file's `BankFileWarning`) as one `crl-jax: warning:` line each."""
+    import warnings
+
+    warnings.formatwarning = lambda message, category, *a, **k: f"crl-jax: warning: {message}\n"
+
+
 def main(argv=None):
     from crl_jax.checkpoint import CheckpointError
     from crl_jax.config import ConfigError
 
     args = build_parser().parse_args(argv)
+    _one_line_warnings()
     try:
         args.fn(args)
     except (ConfigError, CheckpointError, FileNotFoundError) as e:
         print(f"crl-jax: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt as e:  # run.Interrupted carries the step and checkpoint; else before the first step
+        print(f"crl-jax: {e}" if str(e) else "crl-jax: interrupted; rerun the same command to resume",
+              file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:
+        from crl_jax.run import Interrupted, NonFiniteError
+
+        if isinstance(e, Interrupted):
+            print(f"crl-jax: {e}", file=sys.stderr)
+            sys.exit(130)
+        if isinstance(e, NonFiniteError):
+            print(f"crl-jax: error: {e}", file=sys.stderr)
+            sys.exit(3)
+        raise
 
 
 if __name__ == "__main__":

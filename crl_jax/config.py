@@ -349,6 +349,29 @@ def validate(cfg: Config) -> None:
     need(cfg.eval.every >= 0, "eval.every", "must be >= 0")
     need(cfg.eval.tasks >= 1, "eval.tasks", "must be >= 1")
     need(cfg.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
+    need(cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1 (0 would leave no checkpoint to resume)")
+    import math
+    import os
+
+    def float_leaves(node, prefix=""):
+        """(dotted key, value) of every float in the config, env.params included."""
+        items = dataclasses.asdict(node).items() if dataclasses.is_dataclass(node) else node.items()
+        for k, v in items:
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict):
+                yield from float_leaves(v, key)
+            elif isinstance(v, float):
+                yield key, v
+
+    for key, v in float_leaves(cfg):  # NaN / inf pass every range check and are not valid JSON
+        need(math.isfinite(v), key, f"must be a finite number, got {v!r}")
+    for name in ("actor", "extractor"):
+        p = getattr(cfg, name).preset
+        if p != "tiny" and not p.startswith("pkg:") and not os.path.exists(p):
+            from crl_jax.models.presets import PRESETS
+
+            need(p in PRESETS, f"{name}.preset", f"{p!r} is neither a known preset nor an existing path; known "
+                 f"presets: {['tiny', *sorted(PRESETS)]}")
     need(cfg.loss.microbatches >= 1, "loss.microbatches", "must be >= 1")
     need(cfg.loss.turn_rows >= 0, "loss.turn_rows", "must be >= 0")
     need(cfg.loss.turn_rows % cfg.loss.microbatches == 0, "loss.turn_rows", "must be divisible by loss.microbatches")

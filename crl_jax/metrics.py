@@ -50,30 +50,39 @@ def _fmt(v) -> str:
 
 
 class MetricsWriter:
-    """Appends rows to RUN_DIR/metrics.csv (and TensorBoard) and can truncate after a resume."""
+    """Appends rows to RUN_DIR/metrics.csv (and TensorBoard) and can truncate after a resume.
 
-    def __init__(self, run_dir: str, tensorboard: bool = True):
+    `purge_step`: the first step this process will write. TensorBoard event files are append-only, so
+    rows of steps >= `purge_step` written before a crash stay in the old files; tensorboardX's
+    `purge_step` marks them superseded (TensorBoard drops them when it reads the new file), as
+    `truncate_after` drops them from the CSV."""
+
+    def __init__(self, run_dir: str, tensorboard: bool = True, purge_step: int | None = None):
         self.path = os.path.join(run_dir, "metrics.csv")
         self._tb = None
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter
 
-                self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+                tb_dir = os.path.join(run_dir, "tb")
+                purge = purge_step if purge_step is not None and os.path.isdir(tb_dir) else None
+                self._tb = SummaryWriter(tb_dir, purge_step=purge)
             except ImportError:  # optional at run time; the dependency is in core
                 self._tb = None
 
     def truncate_after(self, step: int) -> None:
-        """Drop rows of steps > `step` (written before a crash but not covered by a checkpoint)."""
+        """Keep only the complete rows of steps 1..`step` (rows after the last checkpoint, and a row cut
+        short by a kill mid-write, are dropped)."""
         if not os.path.exists(self.path):
             return
-        rows = read_csv(self.path)
-        keep = [r for r in rows if int(r["step"]) <= step]
-        with open(self.path, "w", newline="") as f:
+        keep = [r for r in read_csv(self.path) if _complete(r) and int(r["step"]) <= step]
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(ALL_COLUMNS)
             for r in keep:
                 w.writerow([r.get(c, "") for c in ALL_COLUMNS])
+        os.replace(tmp, self.path)  # a kill during the rewrite leaves the old file, never half of it
 
     def write(self, rows: list[dict]) -> None:
         new = not os.path.exists(self.path)
@@ -94,6 +103,13 @@ class MetricsWriter:
     def close(self):
         if self._tb is not None:
             self._tb.close()
+
+
+def _complete(row: dict) -> bool:
+    """A CSV row with every column and an integer step (not one cut short by a kill mid-write)."""
+    if None in row or any(row.get(c) is None for c in ALL_COLUMNS):
+        return False
+    return row["step"].isdigit()
 
 
 def read_csv(path: str) -> list[dict]:

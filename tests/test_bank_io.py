@@ -46,3 +46,24 @@ def test_export_jsonl(tmp_path):
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     assert [r["slot"] for r in rows] == [0, 1, 2] and rows[2]["text"] == "unicode ok: é→"
     assert rows[1]["task"] == 1 and rows[1]["times_retrieved"] == 4
+
+
+def test_load_jsonl_roundtrip_and_keyless_entries_are_rejected(tmp_path):
+    """An entry without `key` used to be keyed by its own text's embedding, which queries (task text + first
+    observation) never resemble: it is now an error naming the file and line (issue #13)."""
+    import pytest
+
+    from crl_jax.bank_io import load_jsonl
+    from crl_jax.config import ConfigError
+    from crl_jax.models.embed import HashedNgramEmbedder
+
+    tok = ByteTokenizer()
+    path = tmp_path / "bank.jsonl"
+    export_jsonl(_bank(tok), tok, path)
+    back = load_jsonl(B.init(4, L, 2), tok, str(path))
+    assert [r["text"] for r in entry_records(back, tok)] == ["go north", "avoid the trap", "unicode ok: é→"]
+    assert [r["task"] for r in entry_records(back, tok)] == [0, 1, 0]
+    path.write_text(path.read_text(encoding="utf-8") + json.dumps({"text": "keyless", "task": 0}) + "\n",
+                    encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"bank\.jsonl:4: no `key`"):
+        load_jsonl(B.init(4, L, 2), tok, str(path), HashedNgramEmbedder(dim=2))  # even with an embedder

@@ -25,6 +25,9 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
+# One error class for every unreadable checkpoint (run-folder Orbax checkpoints and model files alike): the
+# CLI catches it and prints one line. Raised here with a message naming the file, tensor or config field.
+from crl_jax.checkpoint import CheckpointError  # noqa: F401
 from crl_jax.models.transformer import Transformer, TransformerConfig, as_dtype
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -35,10 +38,6 @@ _FAMILY_DEFAULTS = {
     "qwen3": dict(rope_theta=10000.0, max_position_embeddings=32768, rms_norm_eps=1e-6, head_dim=128),
 }
 _NP_TARGET = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded: the message names the file, tensor or config field."""
 
 
 # ----------------------------------------------------------------------------------------------
