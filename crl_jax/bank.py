@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from crl_jax.bank_retrieve import normalize, retrieve
+from crl_jax.bank_retrieve import normalize, retrieve, retrieve_best  # noqa: F401
 
 _EVICTIONS = ("fifo", "lru", "random")
 _INT_MAX = jnp.iinfo(jnp.int32).max
@@ -291,6 +291,14 @@ def take_credit(bank: ExperienceBank):
         total_credit_count=bank.total_credit_count + bank.credit_count,
     )
     return new, jnp.where(has, mean, 0.0), has, bank.source
+
+
+def prune(bank: ExperienceBank, reward, credited, threshold):
+    """Pruning (our extension beside Add / Update / Return / Merge, METHOD.md §6): remove every valid
+    entry that received credit this step (`credited` [N] bool) with `reward` [N] below `threshold`
+    -> (bank, number removed []). Nothing else of the bank changes."""
+    drop = bank.valid & jnp.asarray(credited, bool) & (jnp.asarray(reward, jnp.float32) < threshold)
+    return bank.replace(valid=bank.valid & ~drop), jnp.sum(drop).astype(jnp.int32)
 
 
 def size(bank: ExperienceBank) -> jax.Array:

@@ -23,13 +23,15 @@ def normalize(x: jax.Array, axis: int = -1) -> jax.Array:
 
 
 def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None, step, *, top_k: int = 1,
-             candidates: int = 16, diversity_lambda=0.4, recent_steps=1, demote_p=0.5, query_mask=None):
+             candidates: int = 16, diversity_lambda=0.4, recent_steps=1, demote_p=0.5, query_mask=None,
+             min_similarity=None):
     """Retrieve entries for a batch of queries -> (bank, slots [Q,K] int32, found [Q,K] bool).
 
     query_keys [Q,D] (normalised here), query_task [Q] int32, query_mask [Q] bool (default all True).
 
     For each query, against one snapshot of the bank (the input `bank`):
-      1. eligible = valid entries with task == query_task; a masked-out query has none.
+      1. eligible = valid entries with task == query_task (and cosine >= min_similarity when given: the
+         similarity floor); a masked-out query has none.
       2. The C = min(candidates, N) eligible entries with the highest cosine similarity, ordered by
          similarity (ties: lower slot first); rank r = 0..C-1.
       3. Rescore s = -r - diversity_lambda * log(1 + times_retrieved) - recent, where recent = 1 if
@@ -61,6 +63,8 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
     sim = jnp.matmul(normalize(query_keys), bank.keys.T, precision=jax.lax.Precision.HIGHEST)  # [Q,N]
     eligible = bank.valid[None, :] & (bank.task[None, :] == jnp.asarray(query_task, jnp.int32)[:, None])
     eligible = eligible & qmask[:, None]
+    if min_similarity is not None:
+        eligible = eligible & (sim >= min_similarity)
     _, cand_idx = jax.lax.top_k(jnp.where(eligible, sim, -jnp.inf), c)  # [Q,C]
     cand_ok = jnp.take_along_axis(eligible, cand_idx, axis=1)
 
@@ -95,3 +99,24 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
         last_retrieved_step=jnp.where(count > 0, step, bank.last_retrieved_step),
     )
     return bank, slots, found
+
+
+def retrieve_best(bank: ExperienceBank, query_keys, query_task, *, min_similarity=None, used_bonus: float = 0.0,
+                  query_mask=None):
+    """Greedy top-1 for evaluation, the bank unchanged -> (slots [Q] int32 (-1: none), found [Q] bool).
+
+    score = cosine + used_bonus * log(1 + times_retrieved) over the eligible entries (valid, same task,
+    cosine >= min_similarity). A small `used_bonus` (1e-4) only breaks ties between entries of (nearly)
+    equal similarity in favour of the most used one: with pruning on, an entry that survived its uses.
+    """
+    chex.assert_rank(query_keys, 2)
+    sim = jnp.matmul(normalize(query_keys), bank.keys.T, precision=jax.lax.Precision.HIGHEST)  # [Q,N]
+    eligible = bank.valid[None, :] & (bank.task[None, :] == jnp.asarray(query_task, jnp.int32)[:, None])
+    if query_mask is not None:
+        eligible = eligible & jnp.asarray(query_mask, bool)[:, None]
+    if min_similarity is not None:
+        eligible = eligible & (sim >= min_similarity)
+    score = sim + used_bonus * jnp.log1p(bank.times_retrieved.astype(jnp.float32))[None, :]
+    best = jnp.argmax(jnp.where(eligible, score, -jnp.inf), axis=1)
+    found = jnp.any(eligible, axis=1)
+    return jnp.where(found, best, -1).astype(jnp.int32), found

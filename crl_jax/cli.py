@@ -1,4 +1,4 @@
-"""`crl-jax` command line: train | eval | demo | plot | bank.
+"""`crl-jax` command line: train | eval | demo | pretrain | plot | bank | config.
 
     crl-jax train --config experiments/configs/default.yaml [--method M] [--seed N] [--steps N]
                   [--out DIR] [--resume latest|latest_valid|never] [--overwrite] [--label L]
@@ -120,10 +120,24 @@ def cmd_bank(args):
         print(args.out)
 
 
+def cmd_pretrain(args):
+    """Train the prior of a config (synthetic data only) into the cache and print its id and losses."""
+    from crl_jax import pretrain
+    from crl_jax.runtime import build
+
+    cfg = _load_cfg(args)
+    rt = build(cfg)
+    pretrain.prior_params(rt, log=print)
+    meta = os.path.join(pretrain.cache_dir(cfg), f"prior-{pretrain.prior_id(cfg)}.json")
+    with open(meta) as f:
+        print(f.read())
+
+
 def cmd_demo(args):
     from crl_jax.demo import demo
 
-    demo(seeds=args.seeds, out=args.out, steps=args.steps, config=args.config, overrides=args.overrides or [])
+    demo(seeds=args.seeds, out=args.out, steps=args.steps, config=args.config, overrides=args.overrides or [],
+         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()))
 
 
 OVERRIDES_HELP = """overrides:
@@ -172,12 +186,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("overrides", nargs="*", metavar="key=value")
     c.set_defaults(fn=cmd_config)
 
+    pt = sub.add_parser("pretrain", help="train (or load from the cache) the tiny models' prior (METHOD.md §6)")
+    pt.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
+    pt.add_argument("overrides", nargs="*", metavar="key=value")
+    pt.set_defaults(fn=cmd_pretrain)
+
     e = sub.add_parser("eval", help="evaluate the latest checkpoint of a run folder")
     e.add_argument("run_dir")
     e.set_defaults(fn=cmd_eval)
 
-    d = sub.add_parser("demo", help="the embedded default: CRL vs GRPO over seeds, table and plot")
-    d.add_argument("--seeds", type=int, default=3)
+    d = sub.add_parser("demo", help="the embedded default: CRL vs GRPO vs static_online over seeds, table and plot")
+    d.add_argument("--seeds", type=int, default=5)
+    d.add_argument("--methods", default="crl,grpo,static_online", help="comma-separated methods")
     d.add_argument("--steps", type=int, default=None)
     d.add_argument("--out", default="runs/demo")
     d.add_argument("--config", default=None)

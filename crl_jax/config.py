@@ -43,7 +43,8 @@ class ModelConfig:
     num_kv_heads: int = 2  # tiny preset only: key/value heads
     intermediate_size: int = 128  # tiny preset only: MLP width
     dtype: str = "float32"  # parameter dtype: float32 | bfloat16
-    lr: float = 3e-4  # AdamW learning rate (constant); paper uses 1e-6 for 7B/4B LLMs
+    lr: float = 3e-3  # AdamW learning rate (constant); paper uses 1e-6 for 7B/4B LLMs (tiny actor: GRPO tuned
+    #                   on seeds 100-101, never on the reported seeds)
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # global-norm gradient clip
     temperature: float = 1.0  # sampling temperature during training rollouts
@@ -58,12 +59,17 @@ class RolloutConfig:
     action_format: Literal["constrained", "free_text"] = "constrained"  # one action token, or <answer>..</answer>
     max_action_tokens: int = 1  # tokens generated per turn (free text needs more)
     turn_marker: bool = True  # put "t=N" in the per-turn prompt (current history has no other clock)
+    view: Literal["text", "compact"] = "compact"  # tiny loop's prompt: NetHack-style byte text, or compact
+    #   tokens (one level token, one turn token, the hero's row and column, the 3x3 neighbourhood as one
+    #   token per cell; dark-room semantics unchanged) that a from-scratch transformer reads quickly
+    tip_window: int = 3  # >0: the tip is shown from the current turn on, this many moves, right before the
+    #                      action prompt (a plan the actor can follow step by step); 0: the whole entry
 
 
 @dataclass(frozen=True)
 class BankConfig:
-    capacity: int = 512  # entries (paper: 20,000), FIFO eviction by default
-    entry_len: int = 16  # max tokens of one entry
+    capacity: int = 128  # entries (paper: 20,000), FIFO eviction by default
+    entry_len: int = 20  # max tokens of one entry (>= the episode length: a whole plan fits)
     embedder: Literal["hashed", "minilm", "lm"] = "hashed"  # query/key embedder
     key_dim: int = 64  # embedding width (hashed embedder; MiniLM is 384)
     top_k: int = 1  # entries retrieved per guided rollout
@@ -74,11 +80,18 @@ class BankConfig:
     eviction: Literal["fifo", "lru", "random"] = "fifo"  # what a full bank overwrites
     warmup_steps: int = 0  # steps before retrieval starts (paper: 5)
     offline_path: str = ""  # method=offline: JSON-lines bank file to load (from `crl-jax bank export`)
+    min_similarity: float = 0.95  # similarity floor: a guided rollout whose best entry has cosine below it
+    #                               gets no entry (plays as free, counted); merge chunks only hold entries
+    #                               within it of each other. -1 = off
+    eval_prefer_used: bool = True  # evaluation's greedy top-1: among entries of equal similarity the most
+    #                                retrieved one (with pruning, one that survived its uses); false: lowest slot
+    prune_below: float = 0.0  # pruning (our extension, METHOD.md §6): an entry whose credit this step is
+    #                            below this (mean of +-1 outcomes) is removed; -2 = off
 
 
 @dataclass(frozen=True)
 class ExtractorConfig:
-    batch: int = 32  # B_phi: samples per extractor update (paper: 64)
+    batch: int = 8  # B_phi: samples per extractor update (paper: 64; 8 gives updates in a short run)
     buffer_capacity: int = 256  # sample buffer size (> batch); overflow is counted
     cooldown: int = 1  # delta: no retraining within this many steps
     power: float = 0.5  # alpha: repeat weight (1 + times_trained)^-alpha
@@ -86,14 +99,16 @@ class ExtractorConfig:
     eps_high: float = 0.1  # CISPO clip high
     distill: Literal["all", "guided_only"] = "all"  # which episodes are distilled
     reward: Literal["outcome", "relative_to_free"] = "outcome"  # extractor reward variant
-    max_new_tokens: int = 16  # response budget (op token + entry)
-    prompt_len: int = 160  # distillation prompt budget (trajectory truncated from the left)
+    max_new_tokens: int = 21  # response budget (op token + entry)
+    prompt_len: int = 48  # distillation prompt budget (trajectory truncated from the left; text view: 160)
     temperature: float = 1.0  # sampling temperature of the extractor
     merge: bool = True  # periodic merge of the bank
     merge_every: int = 5  # steps between merges
     merge_chunk: int = 5  # entries per merge prompt
     merge_max_chunks: int = 0  # chunks (of the oldest entries) rewritten per merge; 0 = the whole bank
     format: Literal["constrained", "json"] = "constrained"  # op tokens (tiny) or JSON in <answer> (LLM path)
+    epochs: int = 2  # optimizer steps on each ready extractor batch (the batch repeated; off-policy ratios)
+    min_entry: int = 1  # tiny path: EOS is not allowed before this many entry tokens follow an op token
 
 
 @dataclass(frozen=True)
@@ -105,12 +120,35 @@ class LossConfig:
     ratio: Literal["token", "sequence"] = "token"  # importance-ratio level
     aggregation: Literal["seq_mean_token_mean", "token_mean"] = "seq_mean_token_mean"
     microbatches: int = 1  # gradient accumulation chunks
-    turn_rows: int = 128  # actor rows (played turns) drawn per update; 0 = every turn of every episode
+    turn_rows: int = 0  # actor rows (played turns) drawn per update; 0 = every turn of every episode
+    epochs: int = 4  # PPO epochs over the actor batch per iteration (stored behaviour log-probs: real ratios)
+    minibatches: int = 2  # optimizer steps per epoch (the rows shuffled into this many minibatches)
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """The tiny models' prior (METHOD.md §6): supervised steps on synthetic data only (random action
+    sequences rendered into the prompt layouts), deterministic from a key and cached on disk."""
+
+    enabled: bool = True  # tiny preset: start every method from the prior (the same weights for all of them);
+    #                       pretrained LLM presets load their checkpoint instead (the LLM path ignores this)
+    actor_steps: int = 200  # supervised steps of the actor prior ("play the tip's move for this turn")
+    extractor_steps: int = 400  # supervised steps of the extractor prior (copy a trajectory's moves)
+    batch: int = 32  # synthetic rows per supervised step
+    lr: float = 3e-3  # Adam learning rate of the prior
+    seed: int = 0  # key of the prior's data and init (the same prior for every run seed and method)
+    tip_p: float = 0.5  # fraction of synthetic actor rows with a tip (the others get a uniform target)
+    aux_coef: float = 1.0  # prior-preserving auxiliary loss (PPO-ptx style): each update adds this times
+    #                        the prior's supervised loss on fresh synthetic rows; the same for every method
+    aux_rows: int = 64  # synthetic rows per update in the auxiliary loss
+    aux_op_weight: float = 1.0  # weight of the extractor prior's uniform ADD / RETURN target inside the
+    #                             auxiliary loss (1 = the prior's own loss; 0 = only the copy skill is kept)
+    cache_dir: str = ""  # where priors are cached ("" = $CRL_JAX_CACHE or ~/.cache/crl_jax/priors)
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    every: int = 10  # steps between evaluations (0: only at the end)
+    every: int = 5  # steps between evaluations (0: only at the end)
     tasks: int = 32  # tasks evaluated per pool (held-in: first N train tasks; held-out: first N eval tasks)
     greedy: bool = True  # greedy actions at evaluation
 
@@ -139,12 +177,13 @@ class Config:
     steps: int = 40  # training iterations
     env: EnvConfig = field(default_factory=EnvConfig)
     actor: ModelConfig = field(default_factory=ModelConfig)
-    extractor: ModelConfig = field(default_factory=lambda: ModelConfig(init_seed=1))
+    extractor: ModelConfig = field(default_factory=lambda: ModelConfig(init_seed=1, lr=3e-3))
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     bank: BankConfig = field(default_factory=BankConfig)
     extraction: ExtractorConfig = field(default_factory=ExtractorConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # priors of the tiny models (§6)
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh (crl_jax/sharding.py)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # multi-host start-up
     prompts: str = ""  # LLM path: folder of prompt templates ("" = the packaged crl_jax/prompts)
@@ -375,6 +414,21 @@ def validate(cfg: Config) -> None:
     need(cfg.loss.microbatches >= 1, "loss.microbatches", "must be >= 1")
     need(cfg.loss.turn_rows >= 0, "loss.turn_rows", "must be >= 0")
     need(cfg.loss.turn_rows % cfg.loss.microbatches == 0, "loss.turn_rows", "must be divisible by loss.microbatches")
+    need(cfg.loss.epochs >= 1, "loss.epochs", "must be >= 1")
+    need(cfg.loss.minibatches >= 1, "loss.minibatches", "must be >= 1")
+    need(cfg.extraction.epochs >= 1, "extraction.epochs", "must be >= 1")
+    need(0 <= cfg.extraction.min_entry < cfg.extraction.max_new_tokens, "extraction.min_entry",
+         "must be in [0, extraction.max_new_tokens)")
+    need(cfg.rollout.tip_window >= 0, "rollout.tip_window", "must be >= 0 (0 = the whole entry)")
+    need(-1.0 <= cfg.bank.min_similarity <= 1.0, "bank.min_similarity", "must be in [-1, 1] (-1 = off)")
+    p = cfg.pretrain
+    need(p.actor_steps >= 0, "pretrain.actor_steps", "must be >= 0")
+    need(p.extractor_steps >= 0, "pretrain.extractor_steps", "must be >= 0")
+    need(p.batch >= 1, "pretrain.batch", "must be >= 1")
+    need(p.lr > 0, "pretrain.lr", "must be > 0")
+    need(0.0 <= p.tip_p <= 1.0, "pretrain.tip_p", "must be in [0, 1]")
+    need(p.aux_coef >= 0, "pretrain.aux_coef", "must be >= 0 (0 = no auxiliary loss)")
+    need(p.aux_rows >= 1, "pretrain.aux_rows", "must be >= 1")
     for ax in ("data", "fsdp", "tensor"):
         need(getattr(cfg.mesh, ax) == -1 or getattr(cfg.mesh, ax) >= 1, f"mesh.{ax}", "must be >= 1 or -1 (auto)")
     need(0.0 <= cfg.mesh.extractor_devices < 1.0, "mesh.extractor_devices", "must be in [0, 1)")

@@ -32,22 +32,31 @@ class DistillOut(NamedTuple):
     n_update: jax.Array
     n_return: jax.Array
     n_invalid: jax.Array
+    n_add_failed: jax.Array = None  # adds / updates written from failed episodes (what RL should learn to avoid)
 
 
 def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, has_exp):
-    """Per-episode distillation prompts [N, P] and lengths [N] (trajectory truncated from the left)."""
+    """Per-episode distillation prompts [N, P] and lengths [N] (trajectory truncated from the left).
+
+    Compact view: the moves are a fixed-width block of T tokens (PAD after the last move) right before
+    the answer, so the entry's j-th token copies the block's j-th token at a fixed distance."""
     d = rt.distill
     budget = rt.cfg.extraction.prompt_len
+    compact = rt.cfg.rollout.view == "compact"
+    moves, n_moves = episodes.action_tokens, episodes.turns
+    if compact:
+        T = moves.shape[1]
+        moves = jnp.where(jnp.arange(T)[None] < n_moves[:, None], moves, rt.tokenizer.pad_id)
+        n_moves = jnp.full_like(n_moves, T)
 
     def one(tt, tl, moves, n_moves, ok, e, el, he):
         i = ok.astype(jnp.int32)
         return build_distill_prompt(d["header"], (tt, tl), moves, n_moves, (d["outcome"][0][i], d["outcome"][1][i]),
                                     e, jnp.where(he, el, 0), budget, trajectory_prefix=d["trajectory"],
                                     retrieved_prefix=d["retrieved"], suffix=d["answer"],
-                                    pad_id=rt.tokenizer.pad_id)
+                                    pad_id=rt.tokenizer.pad_id, moves_last=compact)
 
-    return jax.vmap(one)(task_tokens, task_len, episodes.action_tokens, episodes.turns, success, exp, exp_len,
-                         has_exp)
+    return jax.vmap(one)(task_tokens, task_len, moves, n_moves, success, exp, exp_len, has_exp)
 
 
 def apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, step, eviction: str):
@@ -93,4 +102,6 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     n_invalid = jnp.sum(mask & ~valid)
     n_add = jnp.sum(writes & (op == ADD))
     n_update = jnp.sum(writes & (op == UPDATE))
-    return DistillOut(bank, buffer, n_add, n_update, jnp.sum(mask) - n_add - n_update - n_invalid, n_invalid)
+    n_failed = jnp.sum(writes & ~episodes.success.astype(bool))
+    return DistillOut(bank, buffer, n_add, n_update, jnp.sum(mask) - n_add - n_update - n_invalid, n_invalid,
+                      n_failed)

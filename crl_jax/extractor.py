@@ -39,12 +39,16 @@ OP_NAMES = ("add", "update", "return")
 
 
 def build_distill_prompt(header, goal, trajectory, traj_len, outcome_tokens, retrieved, retrieved_len, budget: int,
-                         *, trajectory_prefix=None, retrieved_prefix=None, suffix=None, pad_id: int = 0):
+                         *, trajectory_prefix=None, retrieved_prefix=None, suffix=None, pad_id: int = 0,
+                         moves_last: bool = False):
     """-> (prompt [budget] int32, length []). See the module docstring for the layout.
 
     header / goal / outcome_tokens / prefixes / suffix: segments. trajectory [T], traj_len []: the
     episode's tokens. retrieved [Le], retrieved_len []: the entry that guided the episode (0 = none).
     `budget` is static and must hold every part except the trajectory at full buffer size.
+    moves_last: header, goal, retrieved, moves, outcome, suffix: with a fixed-width trajectory every move
+    sits at a fixed distance from the answer (copying it is one relative-position lookup) and the outcome,
+    which decides ADD or RETURN, is the token before the answer (the compact view's layout).
     """
     empty = jnp.zeros((0,), jnp.int32)
     header, goal, outcome = as_segment(header), as_segment(goal), as_segment(outcome_tokens)
@@ -61,7 +65,9 @@ def build_distill_prompt(header, goal, trajectory, traj_len, outcome_tokens, ret
                          f"outcome, retrieved entry and labels at full size; raise the prompt budget")
     used = sum(s[1] for s in fixed)
     traj = truncate_left(trajectory, traj_len, budget - used, pad_id=pad_id)
-    return pack_segments([header, goal, t_pre, traj, outcome, r_pre, ret, suf], size=budget, pad_id=pad_id)
+    order = [header, goal, r_pre, ret, t_pre, traj, outcome, suf] if moves_last else \
+        [header, goal, t_pre, traj, outcome, r_pre, ret, suf]
+    return pack_segments(order, size=budget, pad_id=pad_id)
 
 
 def op_allowed_mask(vocab: int, op_ids) -> jnp.ndarray:

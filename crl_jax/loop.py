@@ -25,11 +25,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import struct
+from flax import nnx, struct
 
 from crl_jax import bank as bank_lib
 from crl_jax import buffer as buffer_lib
-from crl_jax import rewards
+from crl_jax import pretrain, rewards
 from crl_jax import train_state as ts
 from crl_jax.batches import actor_batch, extractor_batch
 from crl_jax.distill import distill
@@ -80,6 +80,11 @@ def init_state(rt: Runtime, key, cfg=None) -> LoopState:
     k_run, k_a, k_e = jax.random.split(key, 3)
     actor = tr.create(rt.actor_config, jax.random.fold_in(k_a, cfg.actor.init_seed))
     extractor = tr.create(rt.extractor_config, jax.random.fold_in(k_e, cfg.extractor.init_seed))
+    if cfg.pretrain.enabled:  # every method and seed starts from the same prior (METHOD.md §6)
+        with jax.ensure_compile_time_eval():  # trained (or loaded) once on the host, never inside a trace
+            prior = pretrain.prior_params(rt)
+        nnx.update(actor, prior["actor"])
+        nnx.update(extractor, prior["extractor"])
     # Merge generations share the buffer with distillations: room for both.
     resp_len = max(cfg.extraction.max_new_tokens, merge_response_len(cfg))
     prompt_len = max(cfg.extraction.prompt_len, merge_prompt_len(cfg, rt.merge_pieces))
@@ -117,15 +122,24 @@ def guided_mask(rt: Runtime, flags: MethodFlags, step) -> jax.Array:
 
 
 def retrieve_entries(rt: Runtime, bank, key, step, q, guided, *, diverse: bool = True):
-    """-> (bank, slots [N], exp [N, L], exp_len [N], has_exp [N]) for a flat guided mask [N]."""
+    """-> (bank, slots [N], exp [N, L], exp_len [N], has_exp [N]) for a flat guided mask [N].
+
+    diverse: the training retrieval (diversity re-ranking, usage bookkeeping). Otherwise evaluation's greedy
+    top-1 (bank unchanged; `bank.eval_prefer_used` breaks similarity ties toward the most used entry)."""
     b = rt.cfg.bank
-    # bank.retrieve counts an entry as recent when step - last_retrieved < r; ours: within the last
-    # `recent_steps` steps before this one, hence r = recent_steps + 1.
-    kw = dict(diversity_lambda=b.diversity_lambda, recent_steps=b.recent_steps + 1, demote_p=b.demote_p) if diverse \
-        else dict(diversity_lambda=0.0, recent_steps=0, demote_p=0.0)
-    bank, slots, found = bank_lib.retrieve(bank, q, jnp.zeros(q.shape[:1], jnp.int32), key, step, top_k=1,
-                                           candidates=b.candidates, query_mask=guided, **kw)
-    slot, has = slots[:, 0], found[:, 0] & guided
+    floor = b.min_similarity if b.min_similarity > -1.0 else None
+    task = jnp.zeros(q.shape[:1], jnp.int32)
+    if diverse:
+        # bank.retrieve counts an entry as recent when step - last_retrieved < r; ours: within the last
+        # `recent_steps` steps before this one, hence r = recent_steps + 1.
+        bank, slots, found = bank_lib.retrieve(bank, q, task, key, step, top_k=1, candidates=b.candidates,
+                                               query_mask=guided, min_similarity=floor,
+                                               diversity_lambda=b.diversity_lambda, recent_steps=b.recent_steps + 1,
+                                               demote_p=b.demote_p)
+        slot, has = slots[:, 0], found[:, 0] & guided
+    else:
+        slot, has = bank_lib.retrieve_best(bank, q, task, min_similarity=floor, query_mask=guided,
+                                           used_bonus=1e-4 if b.eval_prefer_used else 0.0)
     safe = jnp.maximum(slot, 0)
     exp = jnp.where(has[:, None], bank.tokens[safe], 0)
     exp_len = jnp.where(has, bank.lengths[safe], 0)
@@ -220,6 +234,8 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep: Episodes):
     bank, _, _, _ = bank_lib.take_credit(bank)
     credited = er.count > 0
     buffer = buffer_lib.credit(state.buffer, bank.source, er.mean, jnp.ones_like(er.count), credited & (bank.source >= 0))
+    # pruning (our extension): entries whose credit this step is below the threshold are removed
+    bank, n_pruned = bank_lib.prune(bank, er.mean, credited & flags.edits_bank, cfg.bank.prune_below)
 
     # 5. distillation (skipped at run time for methods that do not edit the bank)
     mask = has_exp if cfg.extraction.distill == "guided_only" else jnp.ones((N,), bool)
@@ -228,16 +244,18 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep: Episodes):
         d = distill(rt, bb[0], bb[1], state.extractor.params, k_ext, step, task_tokens=task_tokens,
                     task_len=task_len, episodes=ep, keys=q, exp=exp, exp_len=exp_len, has_exp=has_exp,
                     slots=slots, mask=mask)
-        return d.bank, d.buffer, jnp.stack([d.n_add, d.n_update, d.n_return, d.n_invalid]).astype(jnp.int32)
+        return d.bank, d.buffer, jnp.stack([d.n_add, d.n_update, d.n_return, d.n_invalid,
+                                            d.n_add_failed]).astype(jnp.int32)
 
     bank, buffer, ops = jax.lax.cond(flags.edits_bank, do_distill,
-                                     lambda bb: (bb[0], bb[1], jnp.zeros((4,), jnp.int32)), (bank, buffer))
+                                     lambda bb: (bb[0], bb[1], jnp.zeros((5,), jnp.int32)), (bank, buffer))
     n_add, n_upd, n_ret, n_inv = ops[0], ops[1], ops[2], ops[3]
+    n_failed_ep = jnp.sum(~ep.success.astype(bool) & mask)
 
     # 6. one co-update
     ab, a_metrics = actor_batch(rt, ep, guided.reshape(G, K), flags.split_advantage, k_rows)
     ready = buffer_lib.ready(buffer, cfg.extraction.batch) & flags.trains_extractor
-    buffer, eb = extractor_batch(rt, buffer, step, ready)
+    buffer, eb = extractor_batch(rt, buffer, step, ready, jax.random.fold_in(k_rows, 1), cfg.extraction.epochs)
     ab = ab.replace(weight=jnp.where(flags.trains_actor, ab.weight, 0.0))  # zero weight: no actor step
     actor, extractor, u_metrics = rt.co_update(state.actor, state.extractor, ab, eb)
 
@@ -250,6 +268,7 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep: Episodes):
         "success_free": _masked_mean(success, ~guided),
         "success_all": success.mean(),
         "retrieved_frac": _masked_mean(has_exp.astype(jnp.float32), guided),
+        "pruned_entries": n_pruned.astype(jnp.float32),
         "episode_turns": ep.turns.astype(jnp.float32).mean(),
         "bank_size": bank_lib.size(bank).astype(jnp.float32),
         "extractor_reward_mean": jnp.where(credited.any(), jnp.sum(jnp.where(credited, er.mean, 0.0))
@@ -257,6 +276,8 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep: Episodes):
         "extractor_ready": ready.astype(jnp.float32),
         "ops_add": n_add.astype(jnp.float32), "ops_update": n_upd.astype(jnp.float32),
         "ops_return": n_ret.astype(jnp.float32), "ops_invalid": n_inv.astype(jnp.float32),
+        "write_rate_failed": jnp.where(flags.edits_bank & (n_failed_ep > 0),
+                                       ops[4] / jnp.maximum(n_failed_ep, 1), jnp.nan).astype(jnp.float32),
         "merged_entries": n_merged.astype(jnp.float32),
         "buffer_overflow": buffer.overflow_count.astype(jnp.float32),
         **a_metrics, **u_metrics,

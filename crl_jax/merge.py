@@ -73,6 +73,39 @@ def family_order(bank, family, max_len: int):
     return jnp.where(jnp.arange(max_len) < n, order, -1), n
 
 
+def grouped_order(bank, family, chunk: int, num_chunks: int, min_similarity):
+    """Chunk slots of `family` where chunks never mix entries of different key groups
+    -> (slots [num_chunks * chunk] (-1 = empty), group_start [num_chunks] bool).
+
+    An entry's group is its anchor: the oldest valid entry of the family whose key has cosine >=
+    `min_similarity` with its own (itself if none is older). Groups are laid out by anchor age, each from
+    a fresh chunk, members oldest first; a chunk that starts a group starts a new carry window. Entries
+    of one level share a key (its query), so a merge never combines two levels' entries.
+    """
+    N = bank.capacity
+    member = bank.valid & (bank.task == family)
+    order_v = jnp.where(member, bank.insert_order, _INT_MAX)
+    sim = jnp.matmul(bank.keys, bank.keys.T, precision=jax.lax.Precision.HIGHEST)
+    near = member[:, None] & member[None, :] & (sim >= min_similarity)
+    anchor_age = jnp.min(jnp.where(near, order_v[None, :], _INT_MAX), axis=1)  # [N] insert order of the anchor
+    anchor_age = jnp.where(member, jnp.minimum(anchor_age, order_v), _INT_MAX)
+    by_age = jnp.argsort(order_v, stable=True)
+    srt = by_age[jnp.argsort(anchor_age[by_age], stable=True)]  # by (anchor age, own age)
+    a_s, m_s = anchor_age[srt], member[srt]
+    k = jnp.arange(N)
+    new = m_s & ((k == 0) | (a_s != jnp.roll(a_s, 1)))
+    grp = jnp.cumsum(new) - 1
+    first = jax.lax.cummax(jnp.where(new, k, 0))
+    rank = k - first
+    sizes = jax.ops.segment_sum(m_s.astype(jnp.int32), jnp.maximum(grp, 0), num_segments=N)
+    nchunks = -(-sizes // chunk)
+    start = jnp.cumsum(nchunks) - nchunks  # first chunk of each group
+    pos = jnp.where(m_s, start[jnp.maximum(grp, 0)] * chunk + rank, num_chunks * chunk)
+    slots = jnp.full((num_chunks * chunk,), -1, jnp.int32).at[pos].set(srt.astype(jnp.int32), mode="drop")
+    gs = jnp.zeros((num_chunks,), bool).at[jnp.where(sizes > 0, start, num_chunks)].set(True, mode="drop")
+    return slots, gs
+
+
 def _empty():
     return jnp.zeros((0,), jnp.int32)
 
@@ -80,12 +113,17 @@ def _empty():
 def merge_family(bank, family, generate_fn: Callable, key, step, *, header_tokens, max_prompt: int,
                  max_entries_out: int, op_ids=None, eos_id: int = -1, chunk: int = 5,
                  max_chunks: int | None = None, source_start=-1, entry_sep=None, context_prefix=None,
-                 entries_prefix=None, suffix=None, pad_id: int = 0, parse_fn: Callable | None = None):
+                 entries_prefix=None, suffix=None, pad_id: int = 0, parse_fn: Callable | None = None,
+                 min_similarity=None, fixed_width: bool = False):
     """Merge the entries of one task family -> (bank, MergeSamples). See the module docstring.
 
     header_tokens / entry_sep / context_prefix / entries_prefix / suffix: token segments
     (`(tokens[Li], length)` or a bare array). max_prompt: static prompt buffer P; it must hold the layout
-    at full size (checked). max_chunks: static, default ceil(capacity / chunk).
+    at full size (checked). max_chunks: static, default ceil(capacity / chunk). min_similarity: chunks
+    hold only entries of one key group (`grouped_order`), the carry restarts with each group, and a chunk
+    with a single entry is not rewritten.
+    fixed_width: every entry in the prompt takes its full `entry_len` slots (padding included), so the
+    tokens of the newest entry sit at fixed distances from the answer (the compact view's layout).
     """
     N, L = bank.capacity, bank.entry_len
     C = max_chunks if max_chunks is not None else -(-N // chunk)
@@ -108,9 +146,15 @@ def merge_family(bank, family, generate_fn: Callable, key, step, *, header_token
         def parse_fn(resp, rlen):
             o = parse_constrained_ops(resp, rlen, op_ids, eos_id, L, M, pad_id=pad_id)
             return o.op, o.entry, o.entry_len, o.mask
-    slots_all, n_fam = family_order(bank, family, C * chunk)
+    if min_similarity is None:
+        slots_all, _ = family_order(bank, family, C * chunk)
+        group_start = jnp.zeros((C,), bool)
+    else:
+        slots_all, group_start = grouped_order(bank, family, chunk, C, min_similarity)
     family = jnp.asarray(family, jnp.int32)
     source_start = jnp.asarray(source_start, jnp.int32)
+
+    carry0 = (jnp.full((M, L), pad_id, jnp.int32), jnp.zeros((M,), jnp.int32), jnp.zeros((M,), bool))
 
     def prompt_for(b, carry, cslots):
         c_tok, c_len, c_mask = carry
@@ -118,11 +162,17 @@ def merge_family(bank, family, generate_fn: Callable, key, step, *, header_token
         safe = jnp.clip(cslots, 0, N - 1)
         segs = [header, (ctx_pre[0], jnp.where(c_mask.any(), ctx_pre[1], 0))]
         for m in range(M):
-            segs += [(sep[0], jnp.where(c_mask[m], sep[1], 0)), (c_tok[m], jnp.where(c_mask[m], c_len[m], 0))]
+            c_t, c_n = c_tok[m], c_len[m]
+            if fixed_width:
+                c_t, c_n = jnp.where(jnp.arange(L) < c_n, c_t, pad_id), L
+            segs += [(sep[0], jnp.where(c_mask[m], sep[1], 0)), (c_t, jnp.where(c_mask[m], c_n, 0))]
         segs.append(ent_pre)
         for j in range(chunk):
-            segs += [(sep[0], jnp.where(present[j], sep[1], 0)),
-                     (b.tokens[safe[j]], jnp.where(present[j], b.lengths[safe[j]], 0))]
+            e_tok = b.tokens[safe[j]]
+            e_n = b.lengths[safe[j]]
+            if fixed_width:
+                e_tok, e_n = jnp.where(jnp.arange(L) < e_n, e_tok, pad_id), L
+            segs += [(sep[0], jnp.where(present[j], sep[1], 0)), (e_tok, jnp.where(present[j], e_n, 0))]
         segs.append(suf)
         return pack_segments(segs, size=max_prompt, pad_id=pad_id)
 
@@ -130,12 +180,16 @@ def merge_family(bank, family, generate_fn: Callable, key, step, *, header_token
                                jax.ShapeDtypeStruct((1,), jnp.int32), key)
     R = dummy_out[0].shape[-1]
 
-    def body(state, c):
+    def body(state, xs):
+        c, fresh = xs
         b0, carry, applied_so_far = state
+        carry = jax.tree.map(lambda z, x: jnp.where(fresh, z, x), carry0, carry)  # a new group: no context
         cslots = jax.lax.dynamic_slice(slots_all, (c * chunk,), (chunk,))
         present = cslots >= 0
         n_src = jnp.sum(present).astype(jnp.int32)
-        attempted = n_src > 0
+        # grouped chunks: a group's lone entry has nothing to merge with and is left as it is (its credit
+        # stays with the generation that wrote it)
+        attempted = n_src > (1 if min_similarity is not None else 0)
         prompt, plen = prompt_for(b0, carry, cslots)
 
         def gen(_):
@@ -171,8 +225,7 @@ def merge_family(bank, family, generate_fn: Callable, key, step, *, header_token
                            jnp.where(apply, jnp.sum(m_mask), 0).astype(jnp.int32))
         return (b, new_carry, applied_so_far + apply.astype(jnp.int32)), row
 
-    carry0 = (jnp.full((M, L), pad_id, jnp.int32), jnp.zeros((M,), jnp.int32), jnp.zeros((M,), bool))
-    (bank, _, _), samples = jax.lax.scan(body, (bank, carry0, jnp.zeros((), jnp.int32)), jnp.arange(C))
+    (bank, _, _), samples = jax.lax.scan(body, (bank, carry0, jnp.zeros((), jnp.int32)), (jnp.arange(C), group_start))
     return bank, samples
 
 

@@ -41,9 +41,11 @@ def max_chunks(cfg) -> int:
     return whole if m <= 0 else min(m, whole)
 
 
-def merge_into(rt, bank, buffer, key, step, *, generate_fn, max_out: int, parse_fn=None, op_ids=None):
+def merge_into(rt, bank, buffer, key, step, *, generate_fn, max_out: int, parse_fn=None, op_ids=None,
+               fixed_width: bool = False):
     """Merge family 0 of the bank with `rt.merge_pieces`; applied merges join the buffer
-    -> (bank, buffer, number of merged chunks)."""
+    -> (bank, buffer, number of merged chunks). `fixed_width`: entries take their full width in the
+    prompt (the tiny compact layout, `merge.merge_family`)."""
     cfg = rt.cfg
     p = rt.merge_pieces
     bank, s = merge_bank(bank, 1, generate_fn, key, step, source_start=buffer.next_id,
@@ -51,7 +53,9 @@ def merge_into(rt, bank, buffer, key, step, *, generate_fn, max_out: int, parse_
                          entries_prefix=p["entries"], suffix=p["suffix"],
                          max_prompt=merge_prompt_len(cfg, p, max_out), max_entries_out=max_out, op_ids=op_ids,
                          eos_id=rt.tokenizer.eos_id, chunk=cfg.extraction.merge_chunk, max_chunks=max_chunks(cfg),
-                         pad_id=rt.tokenizer.pad_id, parse_fn=parse_fn)
+                         pad_id=rt.tokenizer.pad_id, parse_fn=parse_fn,
+                         min_similarity=cfg.bank.min_similarity if cfg.bank.min_similarity > -1.0 else None,
+                         fixed_width=fixed_width)
     flat = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), s)
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]
     pad2 = lambda x, n, v=0: jnp.pad(x, ((0, 0), (0, n - x.shape[1])), constant_values=v)  # noqa: E731
@@ -71,7 +75,7 @@ def run_merge(rt, bank, buffer, eparams, key, step):
         return sample_tokens(rt.extractor_graphdef, eparams, prompt, plen, k, scfg, allowed[None])
 
     return merge_into(rt, bank, buffer, key, step, generate_fn=generate_fn, max_out=cfg.extraction.merge_chunk,
-                      op_ids=rt.op_ids)
+                      op_ids=rt.op_ids, fixed_width=cfg.rollout.view == "compact")
 
 
 def maybe_merge(rt, bank, buffer, eparams, key, step, enabled, run=run_merge):

@@ -134,6 +134,26 @@ def summary_from_rows(rows: list[dict]) -> dict:
         vals = column(tail, c) if tail else np.array([])
         vals = vals[~np.isnan(vals)]
         out[f"{c}_last10"] = float(vals.mean()) if len(vals) else None
+    out["late"] = late_means(rows)
+    return out
+
+
+EVAL_COLUMNS = ("eval_heldin_with_exp", "eval_heldin_without_exp", "eval_heldout_with_exp",
+                "eval_heldout_without_exp")
+
+
+def late_means(rows: list[dict]) -> dict:
+    """Each eval column's mean over the evaluations of the run's second half (step > last step / 2):
+    single evaluations swing by +-0.15, so comparisons use this. None where there is no evaluation."""
+    if not rows:
+        return {c: None for c in EVAL_COLUMNS}
+    last = max(float(r["step"]) for r in rows)
+    half = [r for r in rows if float(r["step"]) > last / 2]
+    out = {}
+    for c in EVAL_COLUMNS:
+        v = column(half, c) if half else np.array([])
+        v = v[~np.isnan(v)]
+        out[c] = float(v.mean()) if len(v) else None
     return out
 
 

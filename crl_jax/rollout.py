@@ -39,6 +39,7 @@ class Segments(NamedTuple):
     turn_len: jax.Array  # [T]
     act: jax.Array  # [La] e.g. "Action: "
     act_len: jax.Array
+    tip_window: int = 0  # >0: show entry[t : t + tip_window] at turn t, right before the action prompt
 
 
 class Episodes(NamedTuple):
@@ -66,18 +67,33 @@ def graphdef_vocab(graphdef, params) -> int:
 
 
 def build_prompt(task, task_len, exp, exp_len, has_exp, seg: Segments, turn, obs, obs_len, *, turn_marker):
-    """One episode's prompt for one turn -> (tokens [P], length). All inputs unbatched."""
-    use = has_exp & (exp_len > 0)
+    """One episode's prompt for one turn -> (tokens [P], length). All inputs unbatched.
+
+    `seg.tip_window` = 0: the whole entry after the task text. W > 0: the plan from the current turn on,
+    entry[turn : turn + W], right before the action prompt (nothing once the plan is used up), so the
+    move to play now is always the token after the tip marker.
+    """
     z = jnp.int32(0)
-    parts = [
-        (task, task_len),
-        (seg.exp_prefix, jnp.where(use, seg.exp_prefix_len, z)),
-        (exp, jnp.where(use, exp_len, z)),
-        (seg.exp_suffix, jnp.where(use, seg.exp_suffix_len, z)),
-    ]
+    W = seg.tip_window
+    if W > 0:
+        L = exp.shape[0]
+        shown = jnp.take(exp, jnp.clip(turn + jnp.arange(W), 0, L - 1))
+        shown_len = jnp.clip(exp_len - turn, 0, W).astype(jnp.int32)
+        use = has_exp & (shown_len > 0)
+        tip = [(seg.exp_prefix, jnp.where(use, seg.exp_prefix_len, z)), (shown, jnp.where(use, shown_len, z)),
+               (seg.exp_suffix, jnp.where(use, seg.exp_suffix_len, z))]
+        parts = [(task, task_len)]
+    else:
+        use = has_exp & (exp_len > 0)
+        tip = [(seg.exp_prefix, jnp.where(use, seg.exp_prefix_len, z)), (exp, jnp.where(use, exp_len, z)),
+               (seg.exp_suffix, jnp.where(use, seg.exp_suffix_len, z))]
+        parts = [(task, task_len)] + tip
     if turn_marker:
         parts.append((seg.turn[turn], seg.turn_len[turn]))
-    parts += [(obs, obs_len), (seg.act, seg.act_len)]
+    parts.append((obs, obs_len))
+    if W > 0:
+        parts += tip
+    parts.append((seg.act, seg.act_len))
     return pack_segments(parts)
 
 

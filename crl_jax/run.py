@@ -158,6 +158,12 @@ def clear_run(out_dir: str) -> None:
 # The path of a config and its one chunk program
 
 
+def _prior_id(cfg: Config):
+    from crl_jax import llm, pretrain
+
+    return pretrain.prior_id(cfg) if cfg.pretrain.enabled and not llm.is_llm_config(cfg) else None
+
+
 def engine(cfg: Config):
     """(runtime, init_state, chunk, run_steps) of the path a config runs on: the compiled built-in-env loop,
     the host driver of an environment adapter (`host_loop`: env steps on the host between jitted pieces), or
@@ -325,6 +331,7 @@ def _run_locked(cfg, out_dir, *, resume, progress, label, main, max_nonfinite, l
     t0 = time.time()
     seen = nonfinite_counts(state)
     stopped = None
+    reached = done
     try:
         while done < cfg.steps and stopped is None:
             target = min(done + cfg.checkpoint_every - done % cfg.checkpoint_every, cfg.steps)
@@ -332,6 +339,7 @@ def _run_locked(cfg, out_dir, *, resume, progress, label, main, max_nonfinite, l
                 n = min(CHUNK_STEPS, target - done)
                 state, metrics = call(state, n, done + n)
                 rows = rows_from_chunk({k: v[:n] for k, v in jax.device_get(metrics).items()}, done)
+                reached = done + n  # these steps are computed and their rows handed to the writer
                 writer.write(rows)
                 done += n
                 if bar is not None:
@@ -349,7 +357,7 @@ def _run_locked(cfg, out_dir, *, resume, progress, label, main, max_nonfinite, l
             if stopped is None:
                 ck.save(done, state)
     except KeyboardInterrupt:
-        raise Interrupted(done, ck.latest_step()) from None
+        raise Interrupted(reached, ck.latest_step()) from None
     finally:
         if bar is not None:
             bar.close()
@@ -360,7 +368,8 @@ def _run_locked(cfg, out_dir, *, resume, progress, label, main, max_nonfinite, l
     summary = summary_from_rows(read_csv(path) if os.path.exists(path) else [])
     a, e = nonfinite_counts(state)
     summary.update(method=cfg.method, seed=cfg.seed, steps=done, wall_seconds=round(time.time() - t0, 2),
-                   nonfinite_actor=a, nonfinite_extractor=e)
+                   nonfinite_actor=a, nonfinite_extractor=e,
+                   prior=_prior_id(cfg))  # which prior (METHOD.md §6) the run started from; None = from scratch
     if stopped is not None:
         summary["stopped"] = "nonfinite"
     if main:

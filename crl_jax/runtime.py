@@ -20,6 +20,7 @@ from flax import nnx
 from crl_jax import envs
 from crl_jax.config import Config, ConfigError, DistributedConfig, MeshConfig, to_dict
 from crl_jax.envs.actions import action_allowed_mask, action_token_ids, tiny_tokenizer
+from crl_jax.envs.compact import compact_vocabulary, grid_shape, make_compact_renderer
 from crl_jax.envs.render import make_token_renderer
 from crl_jax import train_state as ts
 from crl_jax.constrained_losses import actor_turn_loss, extractor_constrained_loss
@@ -76,21 +77,25 @@ class Runtime:
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
 
-    def response_masks(self) -> tuple[jax.Array, jax.Array]:
-        """Extractor responses (distillation and merge): first token an operation, then actions,
-        operations (each starts / ends an entry) or EOS -> (first [V], rest [V]) bool."""
+    def response_masks(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Extractor responses (distillation and merge): first token an operation, then
+        `extraction.min_entry` entry tokens (actions only), then actions, operations (each starts / ends an
+        entry) or EOS -> (first [V], early [V], rest [V]) bool."""
         return response_masks(self.vocab_size, self.op_ids, self.action_ids, self.tokenizer.eos_id)
 
     def response_allowed(self, num_tokens: int) -> jax.Array:
         """[num_tokens, V] per-step mask for the sampler."""
-        first, rest = self.response_masks()
-        return jnp.concatenate([first[None], jnp.broadcast_to(rest, (num_tokens - 1, first.shape[0]))], 0)
+        first, early, rest = self.response_masks()
+        off = jnp.arange(num_tokens)[:, None]
+        m = self.cfg.extraction.min_entry
+        return jnp.where(off == 0, first[None], jnp.where(off <= m, early[None], rest[None]))
 
 
 def response_masks(vocab_size, op_ids, action_ids, eos_id):
-    """(first [V], rest [V]) bool masks of extractor responses (see `Runtime.response_masks`)."""
+    """(first [V], early [V], rest [V]) bool masks of extractor responses (see `Runtime.response_masks`)."""
     first = jnp.zeros((vocab_size,), bool).at[op_ids].set(True)
-    return first, first.at[action_ids].set(True).at[eos_id].set(True)
+    early = jnp.zeros((vocab_size,), bool).at[action_ids].set(True)
+    return first, early, first.at[action_ids].set(True).at[eos_id].set(True)
 
 
 def _model_config(m, vocab_size) -> tr.TransformerConfig:
@@ -101,9 +106,22 @@ def _model_config(m, vocab_size) -> tr.TransformerConfig:
                           num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size, param_dtype=m.dtype)
 
 
-def task_text(env, index: int, pool: str, with_id: bool) -> str:
+def task_text(env, index: int, pool: str, with_id: bool, compact: bool = False) -> str:
+    """The task segment of level `index` of a pool ("" train, "E" held-out): text, or one level token."""
+    if compact:
+        return f"<{pool or 'L'}{index}>"
     base = env.task_text
     return f"Level {pool}{index}: {base}\n" if with_id else f"{base}\n"
+
+
+# The fixed prompt pieces of the two views ("compact" uses the atomic marker tokens of envs.compact).
+_TEXT = dict(turn="t={t}\n", tip="Tip: ", tip_end="\n", act="Action: ", header="Distil a lesson. ",
+             trajectory="Moves: ", retrieved="\nOld tip: ", answer="\nOp: ", failure="\nOutcome: failure",
+             success="\nOutcome: success", merge_header="Merge these tips into fewer, better ones.\n",
+             merge_sep="\n- ", merge_context="Merged so far:", merge_entries="\nTips:", merge_suffix="\nMerged: ")
+_COMPACT_TEXT = dict(turn="<t{t}>", tip="<TIP>", tip_end="", act="<ACT>", header="<DISTIL>", trajectory="<MOVES>",
+                     retrieved="<OLD>", answer="<OP>", failure="<FAIL>", success="<SUCC>", merge_header="<MERGE>",
+                     merge_sep="<SEP>", merge_context="<CTX>", merge_entries="<TIPS>", merge_suffix="<MERGED>")
 
 
 _CACHE: dict[str, Runtime] = {}
@@ -124,7 +142,8 @@ def build(cfg: Config) -> Runtime:
                               distributed=DistributedConfig(), mesh=MeshConfig())  # placement: sharding.py
     k = json.dumps(to_dict(cfg), sort_keys=True)
     if k not in _CACHE:
-        _CACHE[k] = _build(cfg)
+        with jax.ensure_compile_time_eval():  # concrete arrays even when first built inside a jit trace
+            _CACHE[k] = _build(cfg)
     return _CACHE[k]
 
 
@@ -150,34 +169,42 @@ def _build(cfg: Config) -> Runtime:
                                  pool_seed=cfg.env.pool_seed, **cfg.env.params)
         except (TypeError, KeyError, ValueError) as e:
             raise ConfigError(f"env: cannot make {cfg.env.name!r} with params {cfg.env.params}: {e}") from None
-    tok = tiny_tokenizer(env.action_names, extra=OPS)
+    compact = cfg.rollout.view == "compact"
+    T = min(cfg.env.max_turns, env.max_steps)
+    if compact and is_host:
+        raise ConfigError(f"rollout.view=compact: env.name={cfg.env.name!r} is a host-side environment whose "
+                          "observations are text; set rollout.view=text")
+    if cfg.pretrain.enabled and is_host:
+        raise ConfigError(f"pretrain.enabled: the prior's synthetic observations are built-in grids; env.name="
+                          f"{cfg.env.name!r} is a host-side environment: set pretrain.enabled=false")
+    extra = OPS + (compact_vocabulary(env.num_tasks, eval_env.num_tasks, T, grid_shape(env)) if compact else ())
+    tok = tiny_tokenizer(env.action_names, extra=extra)
     if is_host:
         from crl_jax.host_env import make_host_renderer
 
         renderer, eval_renderer = make_host_renderer(env, tok), make_host_renderer(eval_env, tok)
+    elif compact:
+        renderer, eval_renderer = make_compact_renderer(env, tok), make_compact_renderer(eval_env, tok)
     else:
         renderer = make_token_renderer(env, tok)
         eval_renderer = make_token_renderer(eval_env, tok)
     # --- end host adapters ---
     a_ids = jnp.asarray(action_token_ids(env, tok), jnp.int32)
     op_ids = jnp.asarray([tok.extra_id(o) for o in OPS], jnp.int32)
-    T = min(cfg.env.max_turns, env.max_steps)
-    turn_rows = [tok.encode(f"t={t}\n") for t in range(T)]
-    turn, turn_len = _pad_rows(turn_rows)
-    (pre, pre_len), (suf, suf_len), (act, act_len) = (_one(tok, s) for s in ("Tip: ", "\n", "Action: "))
-    seg = Segments(pre, pre_len, suf, suf_len, turn, turn_len, act, act_len)
-    tr_rows = [tok.encode(task_text(env, i, "", cfg.env.task_ids_in_text)) for i in range(env.num_tasks)]
-    ev_rows = [tok.encode(task_text(eval_env, i, "E", cfg.env.task_ids_in_text)) for i in range(eval_env.num_tasks)]
+    text = _COMPACT_TEXT if compact else _TEXT
+    turn, turn_len = _pad_rows([tok.encode(text["turn"].format(t=t)) for t in range(T)])
+    (pre, pre_len), (suf, suf_len), (act, act_len) = (_one(tok, text[k]) for k in ("tip", "tip_end", "act"))
+    seg = Segments(pre, pre_len, suf, suf_len, turn, turn_len, act, act_len, tip_window=cfg.rollout.tip_window)
+    tr_rows = [tok.encode(task_text(env, i, "", cfg.env.task_ids_in_text, compact)) for i in range(env.num_tasks)]
+    ev_rows = [tok.encode(task_text(eval_env, i, "E", cfg.env.task_ids_in_text, compact))
+               for i in range(eval_env.num_tasks)]
     width = max(max(len(r) for r in tr_rows), max(len(r) for r in ev_rows))
     ttok, tlen = _pad_rows(tr_rows, width)
     etok, elen = _pad_rows(ev_rows, width)
-    distill = {k: _one(tok, s) for k, s in (("header", "Distil a lesson. "), ("trajectory", "Moves: "),
-                                            ("retrieved", "\nOld tip: "), ("answer", "\nOp: "))}
+    distill = {k: _one(tok, text[k]) for k in ("header", "trajectory", "retrieved", "answer")}
     # Outcome line, row 0 = failure, row 1 = success (one table so compiled code can index it).
-    distill["outcome"] = _pad_rows([tok.encode("\nOutcome: failure"), tok.encode("\nOutcome: success")])
-    merge_pieces = {k: _one(tok, s) for k, s in (("header", "Merge these tips into fewer, better ones.\n"),
-                                                 ("sep", "\n- "), ("context", "Merged so far:"),
-                                                 ("entries", "\nTips:"), ("suffix", "\nMerged: "))}
+    distill["outcome"] = _pad_rows([tok.encode(text["failure"]), tok.encode(text["success"])])
+    merge_pieces = {k: _one(tok, text["merge_" + k]) for k in ("header", "sep", "context", "entries", "suffix")}
     acfg = _model_config(cfg.actor, tok.vocab_size)
     ecfg = _model_config(cfg.extractor, tok.vocab_size)
     agd = nnx.graphdef(nnx.eval_shape(lambda: tr.create(acfg, jax.random.key(0))))
@@ -191,11 +218,16 @@ def _build(cfg: Config) -> Runtime:
                           f"bank.entry_len={cfg.bank.entry_len}")
     lc, ec = cfg.loss, cfg.extraction
     V = tok.vocab_size
-    first, rest = response_masks(V, op_ids, a_ids, tok.eos_id)
+    first, early, rest = response_masks(V, op_ids, a_ids, tok.eos_id)
+    pc = cfg.pretrain
+    aux = pc.aux_coef if pc.enabled else 0.0
     co_update = ts.make_co_update(
-        actor_turn_loss(action_allowed_mask(a_ids, V), clip_eps=lc.clip_eps),
-        extractor_constrained_loss(first, rest, eps_low=ec.eps_low, eps_high=ec.eps_high),
-        microbatches=lc.microbatches, donate=False)
+        actor_turn_loss(action_allowed_mask(a_ids, V), clip_eps=lc.clip_eps, temperature=cfg.actor.temperature,
+                        ratio=lc.ratio, aux_coef=aux),
+        extractor_constrained_loss(first, rest, early_allowed=early, min_entry=ec.min_entry, eps_low=ec.eps_low,
+                                   eps_high=ec.eps_high, temperature=ec.temperature, aux_coef=aux),
+        microbatches=lc.microbatches, actor_steps=lc.epochs * lc.minibatches, extractor_steps=ec.epochs,
+        donate=False)
     tx_a = ts.make_optimizer(lr=cfg.actor.lr, weight_decay=cfg.actor.weight_decay, grad_clip=cfg.actor.grad_clip)
     tx_e = ts.make_optimizer(lr=cfg.extractor.lr, weight_decay=cfg.extractor.weight_decay,
                              grad_clip=cfg.extractor.grad_clip)

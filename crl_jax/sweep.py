@@ -260,7 +260,10 @@ def _write_config(m: Member) -> None:
 def _finish(m: Member, steps: int, wall: float) -> dict:
     rows = read_csv(os.path.join(m.run_dir, "metrics.csv"))
     s = summary_from_rows(rows)
-    s.update(method=m.cfg.method, seed=m.seed, steps=steps, wall_seconds=round(wall, 2), point=m.point)
+    from crl_jax.run import _prior_id
+
+    s.update(method=m.cfg.method, seed=m.seed, steps=steps, wall_seconds=round(wall, 2), point=m.point,
+             prior=_prior_id(m.cfg))
     write_summary(m.run_dir, s)
     return s
 

