@@ -8,6 +8,14 @@ Prompt of one turn ("current" history, the tiny default), packed right-padded in
 
     <task text> [<exp prefix> <entry> <exp suffix>] [t=<turn>] <observation> <action prompt>
 
+With `rollout.tip_window` = W > 0 (the default) the tip moves next to the action prompt and shows the
+plan from the current turn on (`build_prompt`):
+
+    <task> [t=<turn>] <observation> [<tip marker> entry[t : t+W]] <action prompt>
+
+In the compact view (`crl_jax.envs.compact`) the task is one level token, the turn one token and the
+observation 11 tokens (row, column, 3x3 neighbourhood).
+
 The experience segment is present only for guided episodes that retrieved an entry; free episodes and
 the GRPO baseline see exactly the same text minus that segment (a test asserts it on the built prompts).
 The action is one constrained token (the sampler's allowed-token mask restricted to the action tokens),
