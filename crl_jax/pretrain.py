@@ -35,6 +35,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import sys
 from typing import NamedTuple
 
 import jax
@@ -298,8 +299,9 @@ def prior_params(rt, log=None) -> dict:
         except (OSError, ValueError, KeyError) as e:
             (log or print)(f"prior cache {path} unreadable ({e}); retraining")
     if params is None:
-        if log:
-            log(f"training the prior {pid} (synthetic data only; cached in {os.path.dirname(path)})")
+        # about a minute on 2 CPU cores, once per prior: say so (stderr) rather than stall a progress bar
+        (log or (lambda m: print(m, file=sys.stderr, flush=True)))(
+            f"training the prior {pid} (synthetic data only, once; cached in {os.path.dirname(path)})")
         params, metrics = train_prior(rt)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         _save(path, params, {"prior_id": pid, **metrics})
