@@ -44,6 +44,7 @@ import numpy as np
 import optax
 
 from crl_jax.constrained_losses import PriorRows, actor_prior_loss, extractor_prior_loss
+from crl_jax.envs.compact import probe_obs
 from crl_jax.envs.base import G_AGENT, G_BLANK, G_DOWN, G_FLOOR, G_UP, G_WALL, Obs
 from crl_jax.models import transformer as tr
 from crl_jax.packing import pack_segments
@@ -56,7 +57,7 @@ _CELLS = np.array([G_BLANK, G_FLOOR, G_FLOOR, G_DOWN, G_UP, G_WALL], np.int32)  
 
 def _random_obs(rt, key):
     """A random observation: glyph grid of the env's shape with the hero on one cell, no message."""
-    probe = jax.eval_shape(lambda k: rt.env.observe(rt.env.init_state(rt.env.generate(k), k)), jax.random.key(0))
+    probe = probe_obs(rt.env)
     h, w = probe.grid.shape
     k1, k2 = jax.random.split(key)
     grid = jnp.asarray(_CELLS)[jax.random.randint(k1, (h, w), 0, len(_CELLS))]

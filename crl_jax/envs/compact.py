@@ -25,10 +25,14 @@ import numpy as np
 from crl_jax.envs.base import G_AGENT, GLYPH_CHARS, NUM_GLYPHS
 
 
+def probe_obs(env):
+    """The abstract (shape and dtype only) observation of `env`, without computing one."""
+    return jax.eval_shape(lambda k: env.observe(env.init_state(env.generate(k), k)), jax.random.key(0))
+
+
 def grid_shape(env) -> tuple[int, int]:
     """(H, W) of the env's observation grid (static)."""
-    probe = jax.eval_shape(lambda k: env.observe(env.init_state(env.generate(k), k)), jax.random.key(0))
-    return tuple(int(d) for d in probe.grid.shape)
+    return tuple(int(d) for d in probe_obs(env).grid.shape)
 
 
 def compact_vocabulary(num_train: int, num_eval: int, num_turns: int, grid: tuple[int, int]) -> tuple[str, ...]:
