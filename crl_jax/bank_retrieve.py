@@ -24,7 +24,7 @@ def normalize(x: jax.Array, axis: int = -1) -> jax.Array:
 
 def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None, step, *, top_k: int = 1,
              candidates: int = 16, diversity_lambda=0.4, recent_steps=1, demote_p=0.5, query_mask=None,
-             min_similarity=None):
+             min_similarity=None, shared_ties: bool = False):
     """Retrieve entries for a batch of queries -> (bank, slots [Q,K] int32, found [Q,K] bool).
 
     query_keys [Q,D] (normalised here), query_task [Q] int32, query_mask [Q] bool (default all True).
@@ -33,7 +33,12 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
       1. eligible = valid entries with task == query_task (and cosine >= min_similarity when given: the
          similarity floor); a masked-out query has none.
       2. The C = min(candidates, N) eligible entries with the highest cosine similarity, ordered by
-         similarity (ties: lower slot first); rank r = 0..C-1.
+         similarity (ties: lower slot first); rank r = 0..C-1. With `shared_ties`, candidates of exactly
+         equal similarity share a rank: r = the number of candidates with a strictly higher similarity
+         (entries of one level share one key, so slot order would otherwise decide which of them is ever
+         retrieved, and the usage term could not rotate through them); candidates whose score in step 3
+         ties exactly are then ordered by a uniform draw per (query, candidate) from `rng` (when given), so the
+         guided queries of one group, which see one snapshot, spread over a level's equally used entries.
       3. Rescore s = -r - diversity_lambda * log(1 + times_retrieved) - recent, where recent = 1 if
          last_retrieved_step >= 0 and step - last_retrieved_step < recent_steps (-1 = never is never
          recent), else 0. Order candidates by s (ties: lower rank first).
@@ -65,16 +70,24 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
     eligible = eligible & qmask[:, None]
     if min_similarity is not None:
         eligible = eligible & (sim >= min_similarity)
-    _, cand_idx = jax.lax.top_k(jnp.where(eligible, sim, -jnp.inf), c)  # [Q,C]
+    cand_sim, cand_idx = jax.lax.top_k(jnp.where(eligible, sim, -jnp.inf), c)  # [Q,C]
     cand_ok = jnp.take_along_axis(eligible, cand_idx, axis=1)
+    if shared_ties:
+        rank = (cand_sim[:, None, :] > cand_sim[:, :, None]).sum(-1).astype(jnp.float32)  # [Q,C]
+    else:
+        rank = jnp.broadcast_to(jnp.arange(c, dtype=jnp.float32)[None, :], (q, c))
 
     last = bank.last_retrieved_step[cand_idx]
     recent = (last >= 0) & (step - last < recent_steps)
     uses = bank.times_retrieved[cand_idx].astype(jnp.float32)
     # rank + recent is an exact small integer, so candidates whose usage is equal tie exactly and the
     # lower rank wins, independent of float rounding order.
-    int_penalty = jnp.arange(c, dtype=jnp.float32)[None, :] + recent.astype(jnp.float32)
+    int_penalty = rank + recent.astype(jnp.float32)
     score = -int_penalty - diversity_lambda * jnp.log1p(uses)
+    if shared_ties and rng is not None:
+        # < 1e-3: below any rank (1), usage (lambda * log((n + 2) / (n + 1)) >= 0.004 for n < 100) or
+        # recency (1) difference, so it only orders exact ties
+        score = score + 1e-3 * jax.random.uniform(jax.random.fold_in(rng, 1), score.shape)
     score = jnp.where(cand_ok, score, -jnp.inf)
 
     j = min(k + 1, c)  # one extra position so a demoted top-1 has a successor
@@ -102,12 +115,14 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
 
 
 def retrieve_best(bank: ExperienceBank, query_keys, query_task, *, min_similarity=None, used_bonus: float = 0.0,
-                  query_mask=None):
+                  query_mask=None, credit_bonus: float = 0.0):
     """Greedy top-1 for evaluation, the bank unchanged -> (slots [Q] int32 (-1: none), found [Q] bool).
 
-    score = cosine + used_bonus * log(1 + times_retrieved) over the eligible entries (valid, same task,
-    cosine >= min_similarity). A small `used_bonus` (1e-4) only breaks ties between entries of (nearly)
-    equal similarity in favour of the most used one: with pruning on, an entry that survived its uses.
+    score = cosine + used_bonus * log(1 + times_retrieved) + credit_bonus * mean lifetime credit over the
+    eligible entries (valid, same task, cosine >= min_similarity), where the mean lifetime credit is
+    total_credit_sum / total_credit_count (0 for an entry never credited). Small bonuses (~1e-4) only break
+    ties between entries of (nearly) equal similarity: toward the entry whose guided episodes succeeded
+    (credit) and, among equals, the most used one.
     """
     chex.assert_rank(query_keys, 2)
     sim = jnp.matmul(normalize(query_keys), bank.keys.T, precision=jax.lax.Precision.HIGHEST)  # [Q,N]
@@ -116,7 +131,10 @@ def retrieve_best(bank: ExperienceBank, query_keys, query_task, *, min_similarit
         eligible = eligible & jnp.asarray(query_mask, bool)[:, None]
     if min_similarity is not None:
         eligible = eligible & (sim >= min_similarity)
-    score = sim + used_bonus * jnp.log1p(bank.times_retrieved.astype(jnp.float32))[None, :]
+    cnt = bank.total_credit_count.astype(jnp.float32)
+    mean_credit = jnp.where(cnt > 0, bank.total_credit_sum / jnp.maximum(cnt, 1.0), 0.0)
+    bonus = used_bonus * jnp.log1p(bank.times_retrieved.astype(jnp.float32)) + credit_bonus * mean_credit
+    score = sim + bonus[None, :]
     best = jnp.argmax(jnp.where(eligible, score, -jnp.inf), axis=1)
     found = jnp.any(eligible, axis=1)
     return jnp.where(found, best, -1).astype(jnp.int32), found

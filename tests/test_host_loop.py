@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 MICRO = ["env.name=minihack-room", "env.params.variant=ultimate", "env.params.max_obs_tokens=200",
          "rollout.groups=2", "rollout.group_size=2", "env.max_turns=3", "env.num_train_tasks=4",
          "env.num_eval_tasks=4", "extraction.batch=4", "extraction.buffer_capacity=16", "bank.capacity=16",
-         "eval.tasks=3", "eval.every=2", "extraction.merge_every=2", "loss.turn_rows=8",
+         "eval.tasks=3", "eval.every=2", "extraction.merge_every=2", "extraction.merge=true", "loss.turn_rows=8",
          "actor.hidden_size=32", "actor.num_layers=1", "actor.intermediate_size=64",
          "extractor.hidden_size=32", "extractor.num_layers=1", "extractor.intermediate_size=64",
          "extraction.max_new_tokens=6", "bank.entry_len=8", "extraction.prompt_len=200",
