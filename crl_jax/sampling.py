@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from crl_jax.models import transformer as tr
+from crl_jax.models.logprobs import chunked_logprobs
 
 
 @dataclass(frozen=True)
@@ -234,13 +235,10 @@ def sequence_logprobs(graphdef, params, tokens, prompt_len, total_len, *, temper
     tokens = tokens.astype(jnp.int32)
     t = jnp.arange(T)[None, :]
     valid = t < total_len[:, None]
-    logits = tr.apply(graphdef, params, tokens, attention_mask=valid)  # positions 0..T-1
-    if temperature != 1.0:
-        logits = logits / temperature
-    # logits[:, t-1] predicts tokens[:, t]; logsumexp avoids a second [B, T, V] buffer.
-    pred = logits[:, :-1].astype(jnp.float32)
-    tgt = tokens[:, 1:, None]
-    lp = jnp.take_along_axis(pred, tgt, axis=-1)[..., 0] - jax.nn.logsumexp(pred, axis=-1)
+    model = tr.merge(graphdef, params)
+    h = model(tokens, attention_mask=valid, return_hidden=True)  # positions 0..T-1
+    # h[:, t-1] predicts tokens[:, t]; scored in vocabulary tiles (no [B, T, V] logits buffer).
+    lp, _ = chunked_logprobs(h[:, :-1], model.unembed_matrix(), tokens[:, 1:], temperature=temperature)
     lp = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), lp], axis=1)
     keep = (t >= prompt_len[:, None]) & valid & (t >= 1)
     return jnp.where(keep, lp, 0.0)

@@ -217,9 +217,12 @@ class Transformer(nnx.Module):
     def embed_tokens(self, tokens):
         return jnp.take(self.embed[...], tokens, axis=0)
 
+    def unembed_matrix(self):
+        """The unembedding [H, V] (the embedding's transpose when tied)."""
+        return self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+
     def unembed(self, h):
-        w = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
-        return jnp.einsum("bth,hv->btv", h, w, preferred_element_type=jnp.float32)
+        return jnp.einsum("bth,hv->btv", h, self.unembed_matrix(), preferred_element_type=jnp.float32)
 
     # -- forward -------------------------------------------------------------------------------
 
