@@ -18,6 +18,13 @@ Call forms (tokens are `[B, T]` int32):
   writes keys/values into slots `i .. i+T-1` of a cache made by `init_cache` and attends over every
   valid slot `<=` the query's own slot. `cache_index` is one scalar for the whole batch (batched
   prompts are left-padded by the sampler, so all rows advance together).
+
+The cached path (issue #16) carries the whole `[L, B, S, Hkv, D]` cache through the layer scan and
+writes only the new slots (`dynamic_update_slice` on the carried buffer, in place under jit: no copy of
+the stacked layers per call), and attends block by block over the live slots `0 .. i+T-1` only
+(`attn_block` slots per block, online softmax in float32), so a decode step costs what has been written,
+not the cache's capacity. It is a forward-only path (the block loop has a data-dependent trip count, which
+reverse-mode differentiation does not support); training uses the uncached call.
 """
 
 from __future__ import annotations
@@ -227,7 +234,7 @@ class Transformer(nnx.Module):
     # -- forward -------------------------------------------------------------------------------
 
     def __call__(self, tokens, *, positions=None, attention_mask=None, cache=None, cache_index=None,
-                 return_hidden: bool = False):
+                 return_hidden: bool = False, attn_block: int = 128):
         cfg = self.cfg
         B, T = tokens.shape
         if positions is None:
@@ -247,24 +254,26 @@ class Transformer(nnx.Module):
         else:
             if cache_index is None:
                 raise ValueError("cache_index is required when a cache is given")
-            S = cache["k"].shape[2]
             valid = jax.lax.dynamic_update_slice(cache["valid"], attention_mask, (0, cache_index))
-            q_slot = cache_index + jnp.arange(T)
-            k_slot = jnp.arange(S)
-            mask = valid[:, None, :] & (k_slot[None, None, :] <= q_slot[None, :, None])
 
-        def block(h, xs):
-            lp, kc, vc = xs
-            return self._layer(h, lp, positions, inv_freq, attn_factor, mask, kc=kc, vc=vc, cache_index=cache_index)
-
-        if cfg.remat:
-            block = jax.checkpoint(block)
         lps = self.layer_params()
         if cache is None:
-            h, _ = jax.lax.scan(lambda c, lp: (block(c, (lp, None, None))[0], None), h, lps)
+            def block(h, lp):
+                return self._layer(h, lp, positions, inv_freq, attn_factor, mask)[0], None
+
+            if cfg.remat:
+                block = jax.checkpoint(block)
+            h, _ = jax.lax.scan(block, h, lps)
             new_cache = None
         else:
-            h, (ks, vs) = jax.lax.scan(block, h, (lps, cache["k"], cache["v"]))
+            def cblock(carry, xs):  # the cache rides in the carry: updated in place, never restacked
+                h, kc, vc = carry
+                lp, layer = xs
+                return self._cached_layer(h, lp, layer, positions, inv_freq, attn_factor, valid, kc, vc,
+                                          cache_index, attn_block), None
+
+            layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+            (h, ks, vs), _ = jax.lax.scan(cblock, (h, cache["k"], cache["v"]), (lps, layers))
             new_cache = {"k": ks, "v": vs, "valid": valid}
         h = rms_norm(h, self.final_norm[...], cfg.rms_norm_eps)
         out = h if return_hidden else self.unembed(h)
@@ -301,19 +310,28 @@ class Transformer(nnx.Module):
                             query_at=last)
         return rms_norm(h1, self.final_norm[...], cfg.rms_norm_eps)[:, 0]
 
-    def _layer(self, h, lp, positions, inv_freq, attn_factor, mask, *, kc=None, vc=None, cache_index=None,
-               query_at=None):
-        """One decoder block -> (h, (new k cache, new v cache)). `query_at` [B]: keys and values of every
-        position, but attention output and MLP for that one position only (h comes back [B, 1, H])."""
+    def _layer(self, h, lp, positions, inv_freq, attn_factor, mask, *, query_at=None):
+        """One uncached decoder block -> (h, None). `query_at` [B]: keys and values of every position, but
+        attention output and MLP for that one position only (h comes back [B, 1, H])."""
         x = rms_norm(h, lp["attn_norm"], self.cfg.rms_norm_eps)
-        q, k, v, new_kc, new_vc = self._qkv(x, lp, positions, inv_freq, attn_factor, kc, vc, cache_index)
-        if kc is not None:
-            k, v = new_kc, new_vc
+        q, k, v = self._qkv(x, lp, positions, inv_freq, attn_factor)
         if query_at is not None:
             q = jnp.take_along_axis(q, query_at[:, None, None, None], axis=1)  # [B, 1, Nq, D]
             h = jnp.take_along_axis(h, query_at[:, None, None], axis=1)  # [B, 1, H]
         h = h + jnp.einsum("btf,fh->bth", self._attend(q, k, v, mask), lp["wo"]).astype(h.dtype)
-        return h + self._mlp(h, lp), (new_kc, new_vc)
+        return h + self._mlp(h, lp), None
+
+    def _cached_layer(self, h, lp, layer, positions, inv_freq, attn_factor, valid, kc, vc, cache_index, block):
+        """One decoder block against the full cache kc / vc [L, B, S, Hkv, D]: writes this layer's new keys
+        and values at slots cache_index.. (in place) and attends over the live slots -> (h, kc, vc)."""
+        x = rms_norm(h, lp["attn_norm"], self.cfg.rms_norm_eps)
+        q, k, v = self._qkv(x, lp, positions, inv_freq, attn_factor)
+        at = (layer, 0, cache_index, 0, 0)
+        kc = jax.lax.dynamic_update_slice(kc, k[None].astype(kc.dtype), at)
+        vc = jax.lax.dynamic_update_slice(vc, v[None].astype(vc.dtype), at)
+        o = attend_live(q, kc, vc, layer, valid, cache_index, self.cfg.num_kv_heads, block)
+        h = h + jnp.einsum("btf,fh->bth", o, lp["wo"]).astype(h.dtype)
+        return h + self._mlp(h, lp), kc, vc
 
     def _mlp(self, h, lp):
         x = rms_norm(h, lp["mlp_norm"], self.cfg.rms_norm_eps)
@@ -321,7 +339,7 @@ class Transformer(nnx.Module):
         u = jnp.einsum("bth,hi->bti", x, lp["w_up"])
         return jnp.einsum("bti,ih->bth", jax.nn.silu(g) * u, lp["w_down"]).astype(h.dtype)
 
-    def _qkv(self, x, lp, positions, inv_freq, attn_factor, kc, vc, cache_index):
+    def _qkv(self, x, lp, positions, inv_freq, attn_factor):
         cfg = self.cfg
         B, T, _ = x.shape
         D = cfg.dim_head
@@ -338,11 +356,7 @@ class Transformer(nnx.Module):
             k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
         q = apply_rope(q, positions, inv_freq, attn_factor)
         k = apply_rope(k, positions, inv_freq, attn_factor)
-        new_kc = new_vc = None
-        if kc is not None:
-            new_kc = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), (0, cache_index, 0, 0))
-            new_vc = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), (0, cache_index, 0, 0))
-        return q, k, v, new_kc, new_vc
+        return q, k, v
 
     def _attend(self, q, k, v, mask):
         """q [B,T,Nq,D], k/v [B,S,Nkv,D], mask [B,T,S] -> [B,T,Nq*D]; softmax in float32."""
@@ -357,6 +371,50 @@ class Transformer(nnx.Module):
         p = jnp.where(mask.any(-1)[:, None, None, :, None], p, 0.0)
         o = jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v)
         return o.reshape(B, T, Nq * D)
+
+
+def attend_live(q, kc, vc, layer, valid, cache_index, num_kv_heads: int, block: int = 128):
+    """Attention of queries q [B, T, Nq, D] at slots cache_index .. cache_index+T-1 over layer `layer` of the
+    cache kc / vc [L, B, S, Hkv, D], key slots `valid` [B, S] and causal (slot <= the query's) -> [B, T, Nq*D].
+
+    Only the ceil((cache_index + T) / block) blocks that hold written slots are read (a `fori_loop` with a
+    traced trip count); the softmax is accumulated across blocks (running max, sum and weighted values in
+    float32). Equal to `Transformer._attend` over the whole cache up to float32 summation order; a query
+    with no valid key gets 0, as there. The last block is clamped to end at slot S (the slots it shares with
+    the block before are masked), so S need not be a multiple of `block`.
+    """
+    B, T, Nq, D = q.shape
+    S = kc.shape[2]
+    G = Nq // num_kv_heads
+    c = min(int(block), S)
+    qg = q.reshape(B, T, num_kv_heads, G, D)
+    q_slot = cache_index + jnp.arange(T)
+    n_blocks = (cache_index + T + c - 1) // c
+    scale = 1.0 / math.sqrt(D)
+
+    def body(j, carry):
+        m, l, acc = carry
+        start = jnp.minimum(j * c, S - c)
+        kb = jax.lax.dynamic_slice(kc, (layer, 0, start, 0, 0), (1, B, c, num_kv_heads, D))[0]
+        vb = jax.lax.dynamic_slice(vc, (layer, 0, start, 0, 0), (1, B, c, num_kv_heads, D))[0]
+        slot = start + jnp.arange(c)
+        own = (slot >= j * c)[None, None, :]
+        mask = jax.lax.dynamic_slice_in_dim(valid, start, c, axis=1)[:, None, :] & own & (
+            slot[None, None, :] <= q_slot[None, :, None])  # [B, T, c]
+        s = jnp.einsum("btkgd,bskd->bkgts", qg, kb, preferred_element_type=jnp.float32) * scale
+        s = jnp.where(mask[:, None, None], s, -jnp.inf)
+        m_new = jnp.maximum(m, s.max(-1))
+        m_ref = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # no valid key yet: keep everything at 0
+        p = jnp.exp(s - m_ref[..., None])
+        rescale = jnp.exp(m - m_ref)
+        pv = jnp.einsum("bkgts,bskd->bkgtd", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32)
+        return m_new, l * rescale + p.sum(-1), acc * rescale[..., None] + pv
+
+    init = (jnp.full((B, num_kv_heads, G, T), -jnp.inf, jnp.float32), jnp.zeros((B, num_kv_heads, G, T), jnp.float32),
+            jnp.zeros((B, num_kv_heads, G, T, D), jnp.float32))
+    _, l, acc = jax.lax.fori_loop(0, n_blocks, body, init)
+    o = (acc / jnp.where(l > 0, l, 1.0)[..., None]).astype(vc.dtype)  # [B, Kv, G, T, D]
+    return jnp.moveaxis(o, 3, 1).reshape(B, T, Nq * D)
 
 
 def init_cache(cfg: TransformerConfig, batch: int, max_len: int, dtype=None) -> dict:
