@@ -37,7 +37,7 @@ def model():
 _new = jax.jit(S.sample_tokens, static_argnums=(0, 5))
 
 
-@pytest.mark.parametrize("block,temperature", [(1, 0.0), (4, 0.0), (128, 0.0), (4, 1.0)])
+@pytest.mark.parametrize("block,temperature", [(3, 0.0), (128, 0.0), (4, 1.0)])
 def test_tokens_equal_the_old_sampler(model, block, temperature):
     """Prompts of lengths 9, 3, 6 (left-padding in lock-step), 12 new tokens, a stop token: the same
     tokens and lengths as the old sampler (greedy; at temperature 1 the same key draws the same tokens

@@ -84,8 +84,7 @@ def _old_token_logprobs(gd, params, tokens, mask):
     return jnp.where(valid, lp, 0.0)
 
 
-@pytest.mark.parametrize("tie", [True, False])
-def test_token_logprobs_gradient_equals_the_full_logits_version(tie):
+def test_token_logprobs_gradient_equals_the_full_logits_version(tie=True):
     cfg = tfm.tiny_config(96, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
                           tie_embeddings=tie)
     gd, params = tfm.split(tfm.create(cfg, jax.random.key(0)))

@@ -34,7 +34,9 @@ from crl_jax.models import transformer as tr  # noqa: E402
 
 
 def build(name: str, dtype: str):
-    if name == "tiny":
+    if name == "micro":  # --smoke
+        cfg = tr.tiny_config(128, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
+    elif name == "tiny":
         cfg = tr.tiny_config(512, param_dtype=dtype, max_position_embeddings=4096)
     else:
         from crl_jax.models.presets import preset_config
@@ -110,7 +112,7 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     if a.smoke:
-        a.model, a.batches, a.prompt_len, a.new_tokens, a.block, a.reps = "tiny", "2", 8, 8, 4, 1
+        a.model, a.batches, a.prompt_len, a.new_tokens, a.block, a.reps = "micro", "2", 8, 8, 4, 1
     rows = run(a.model, [int(b) for b in a.batches.split(",")], a.prompt_len, a.new_tokens, a.block, a.reps, a.dtype)
     print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
     print(table(rows))
