@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from crl_jax.models import attention
 from crl_jax.models import transformer as tr
 
 
@@ -100,11 +101,11 @@ def test_attend_live_reads_nothing_past_the_live_length():
     poison = jnp.arange(S)[None, None, :, None, None] >= 8  # past the block [4, 8) that holds slot 5
     kn, vn = jnp.where(poison, jnp.nan, k), jnp.where(poison, jnp.nan, v)
     valid = jnp.arange(S)[None, :] >= 2
-    out = tr.attend_live(q, kn, vn, 0, valid, idx, Kv, block=4)  # blocks [0, 4), [4, 8): slots 8.. never read
+    out = attention.attend_live(q, kn, vn, 0, valid, idx, Kv, block=4)  # blocks [0, 4), [4, 8): slots 8.. never read
     s = np.einsum("kgd,skd->kgs", np.asarray(q[0, 0]).reshape(Kv, G, D), np.asarray(k[0, 0, 2:idx + 1])) / 2.0
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     want = np.einsum("kgs,skd->kgd", p, np.asarray(v[0, 0, 2:idx + 1])).reshape(-1)
     np.testing.assert_allclose(np.asarray(out[0, 0]), want, rtol=1e-5, atol=1e-6)
-    none = tr.attend_live(q, k, v, 0, jnp.zeros((B, S), bool), idx, Kv, block=4)
+    none = attention.attend_live(q, k, v, 0, jnp.zeros((B, S), bool), idx, Kv, block=4)
     assert not np.asarray(none).any()

@@ -39,6 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from crl_jax.models.attention import attend_live
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -246,18 +248,11 @@ class Transformer(nnx.Module):
         inv_freq = jnp.asarray(inv_freq_np)
         h = self.embed_tokens(tokens)
 
-        if cache is None:
-            q_slot = jnp.arange(T)
-            k_slot = jnp.arange(T)
-            key_valid = attention_mask  # [B, S=T]
-            mask = key_valid[:, None, :] & (k_slot[None, None, :] <= q_slot[None, :, None])
-        else:
-            if cache_index is None:
-                raise ValueError("cache_index is required when a cache is given")
-            valid = jax.lax.dynamic_update_slice(cache["valid"], attention_mask, (0, cache_index))
-
         lps = self.layer_params()
         if cache is None:
+            causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]  # [q, k]
+            mask = attention_mask[:, None, :] & causal[None]  # [B, T, T]
+
             def block(h, lp):
                 return self._layer(h, lp, positions, inv_freq, attn_factor, mask)[0], None
 
@@ -266,6 +261,10 @@ class Transformer(nnx.Module):
             h, _ = jax.lax.scan(block, h, lps)
             new_cache = None
         else:
+            if cache_index is None:
+                raise ValueError("cache_index is required when a cache is given")
+            valid = jax.lax.dynamic_update_slice(cache["valid"], attention_mask, (0, cache_index))
+
             def cblock(carry, xs):  # the cache rides in the carry: updated in place, never restacked
                 h, kc, vc = carry
                 lp, layer = xs
@@ -371,50 +370,6 @@ class Transformer(nnx.Module):
         p = jnp.where(mask.any(-1)[:, None, None, :, None], p, 0.0)
         o = jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v)
         return o.reshape(B, T, Nq * D)
-
-
-def attend_live(q, kc, vc, layer, valid, cache_index, num_kv_heads: int, block: int = 128):
-    """Attention of queries q [B, T, Nq, D] at slots cache_index .. cache_index+T-1 over layer `layer` of the
-    cache kc / vc [L, B, S, Hkv, D], key slots `valid` [B, S] and causal (slot <= the query's) -> [B, T, Nq*D].
-
-    Only the ceil((cache_index + T) / block) blocks that hold written slots are read (a `fori_loop` with a
-    traced trip count); the softmax is accumulated across blocks (running max, sum and weighted values in
-    float32). Equal to `Transformer._attend` over the whole cache up to float32 summation order; a query
-    with no valid key gets 0, as there. The last block is clamped to end at slot S (the slots it shares with
-    the block before are masked), so S need not be a multiple of `block`.
-    """
-    B, T, Nq, D = q.shape
-    S = kc.shape[2]
-    G = Nq // num_kv_heads
-    c = min(int(block), S)
-    qg = q.reshape(B, T, num_kv_heads, G, D)
-    q_slot = cache_index + jnp.arange(T)
-    n_blocks = (cache_index + T + c - 1) // c
-    scale = 1.0 / math.sqrt(D)
-
-    def body(j, carry):
-        m, l, acc = carry
-        start = jnp.minimum(j * c, S - c)
-        kb = jax.lax.dynamic_slice(kc, (layer, 0, start, 0, 0), (1, B, c, num_kv_heads, D))[0]
-        vb = jax.lax.dynamic_slice(vc, (layer, 0, start, 0, 0), (1, B, c, num_kv_heads, D))[0]
-        slot = start + jnp.arange(c)
-        own = (slot >= j * c)[None, None, :]
-        mask = jax.lax.dynamic_slice_in_dim(valid, start, c, axis=1)[:, None, :] & own & (
-            slot[None, None, :] <= q_slot[None, :, None])  # [B, T, c]
-        s = jnp.einsum("btkgd,bskd->bkgts", qg, kb, preferred_element_type=jnp.float32) * scale
-        s = jnp.where(mask[:, None, None], s, -jnp.inf)
-        m_new = jnp.maximum(m, s.max(-1))
-        m_ref = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # no valid key yet: keep everything at 0
-        p = jnp.exp(s - m_ref[..., None])
-        rescale = jnp.exp(m - m_ref)
-        pv = jnp.einsum("bkgts,bskd->bkgtd", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32)
-        return m_new, l * rescale + p.sum(-1), acc * rescale[..., None] + pv
-
-    init = (jnp.full((B, num_kv_heads, G, T), -jnp.inf, jnp.float32), jnp.zeros((B, num_kv_heads, G, T), jnp.float32),
-            jnp.zeros((B, num_kv_heads, G, T, D), jnp.float32))
-    _, l, acc = jax.lax.fori_loop(0, n_blocks, body, init)
-    o = (acc / jnp.where(l > 0, l, 1.0)[..., None]).astype(vc.dtype)  # [B, Kv, G, T, D]
-    return jnp.moveaxis(o, 3, 1).reshape(B, T, Nq * D)
 
 
 def init_cache(cfg: TransformerConfig, batch: int, max_len: int, dtype=None) -> dict:
