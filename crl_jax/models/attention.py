@@ -20,10 +20,11 @@ def attend_live(q, kc, vc, layer, valid, cache_index, num_kv_heads: int, block: 
     cache kc / vc [L, B, S, Hkv, D], key slots `valid` [B, S] and causal (slot <= the query's) -> [B, T, Nq*D].
 
     Only the ceil((cache_index + T) / block) blocks that hold written slots are read (a `fori_loop` with a
-    traced trip count); the softmax is accumulated across blocks (running max, sum and weighted values in
-    float32). Equal to `Transformer._attend` over the whole cache up to float32 summation order; a query
-    with no valid key gets 0, as there. The last block is clamped to end at slot S (the slots it shares with
-    the block before are masked), so S need not be a multiple of `block`.
+    traced trip count; with block >= S one static block and no loop); the softmax is accumulated across
+    blocks (running max, sum and weighted values in float32). Equal to `Transformer._attend` over the whole
+    cache up to float32 summation order; a query with no valid key gets 0, as there. The last block is
+    clamped to end at slot S (the slots it shares with the block before are masked), so S need not be a
+    multiple of `block`.
     """
     B, T, Nq, D = q.shape
     S = kc.shape[2]
@@ -52,8 +53,12 @@ def attend_live(q, kc, vc, layer, valid, cache_index, num_kv_heads: int, block: 
         pv = jnp.einsum("bkgts,bskd->bkgtd", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32)
         return m_new, l * rescale + p.sum(-1), acc * rescale[..., None] + pv
 
-    init = (jnp.full((B, num_kv_heads, G, T), -jnp.inf, jnp.float32), jnp.zeros((B, num_kv_heads, G, T), jnp.float32),
-            jnp.zeros((B, num_kv_heads, G, T, D), jnp.float32))
-    _, l, acc = jax.lax.fori_loop(0, n_blocks, body, init)
+    stat = (B, num_kv_heads, G, T)
+    init = (jnp.full(stat, -jnp.inf, jnp.float32), jnp.zeros(stat, jnp.float32),
+            jnp.zeros(stat + (D,), jnp.float32))
+    if -(-S // c) == 1:  # one block covers the cache: no loop (a GPU runs a data-dependent loop with a
+        _, l, acc = body(0, init)  # host round trip per iteration; block >= capacity avoids it)
+    else:
+        _, l, acc = jax.lax.fori_loop(0, n_blocks, body, init)
     o = (acc / jnp.where(l > 0, l, 1.0)[..., None]).astype(vc.dtype)  # [B, Kv, G, T, D]
     return jnp.moveaxis(o, 3, 1).reshape(B, T, Nq * D)
