@@ -99,6 +99,7 @@ def _chunked_bwd(temperature, token_chunk, vocab_chunk, res, cts):
     N, V = h.shape[0], w.shape[1]
     r, nt = _tile_starts(N, token_chunk)
     c, nv = _tile_starts(V, vocab_chunk)
+    mm = jnp.promote_types(h.dtype, w.dtype)  # matmul input dtype of the backward
 
     def rows(dw, a):
         h_r, tgt_r, lse_r, g_r = a
@@ -112,8 +113,12 @@ def _chunked_bwd(temperature, token_chunk, vocab_chunk, res, cts):
             dz = jnp.where(own[None, :], dz, 0.0)
             if temperature != 1.0:
                 dz = dz / temperature
-            dh = dh + jnp.einsum("nv,hv->nh", dz, w_t.astype(_F32))
-            dw_t = jnp.einsum("nh,nv->hv", h_r.astype(_F32), dz)
+            # Low-precision inputs: the tile's cotangent goes into the matmuls in that precision (the usual
+            # mixed-precision backward; float32 matmuls would run at a fraction of a GPU's bf16 rate), with
+            # float32 accumulation. Float32 inputs stay float32 throughout.
+            dz = dz.astype(mm)
+            dh = dh + jnp.einsum("nv,hv->nh", dz, w_t.astype(mm), preferred_element_type=_F32)
+            dw_t = jnp.einsum("nh,nv->hv", h_r.astype(mm), dz, preferred_element_type=_F32)
             dw = jax.lax.dynamic_update_slice_in_dim(
                 dw, jax.lax.dynamic_slice_in_dim(dw, start, c, axis=1) + dw_t, start, axis=1)
             return (dh, dw), None
