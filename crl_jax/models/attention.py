@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -26,6 +27,8 @@ def attend_live(q, kc, vc, layer, valid, cache_index, num_kv_heads: int, block: 
     clamped to end at slot S (the slots it shares with the block before are masked), so S need not be a
     multiple of `block`.
     """
+    chex.assert_rank([q, kc, vc, valid], [4, 5, 5, 2])
+    chex.assert_equal_shape([kc, vc])
     B, T, Nq, D = q.shape
     S = kc.shape[2]
     G = Nq // num_kv_heads

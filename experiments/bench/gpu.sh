@@ -9,11 +9,13 @@
 #   sampler        SmolLM2-135M shape (random weights), bf16, decode at batch 256 and batch-1 step time
 #   decode_cache   the same shape: old sampler vs in-place cache vs live-length attention (ratios, one process)
 #   train_mfu      Qwen2.5-0.5B shape training step MFU, vocabulary-tiled vs full-logits log-probs
-#   iteration      CRL vs GRPO iteration of the embedded default, and 8 vmapped seeds vs 1
+#   iteration      CRL vs GRPO iteration of the embedded default, and 8 vmapped seeds vs 1 (sweep.vmapped_chunk);
+#                  on a fresh machine it may first train the tiny prior (cached afterwards; see crl_jax/pretrain.py)
 #   logprob_memory compiled temporary memory of the log-prob loss at V 49,152 / T 1,024 and at Qwen's V
 # Targets (issue #16): decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
 set -u
 cd "$(dirname "$0")/../.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's crl_jax, whatever is installed
 SMOKE=0
 RES=""
 for arg in "$@"; do
@@ -47,22 +49,22 @@ step() {
   echo "== $name: rc=$rc in $(( $(date +%s) - t0 ))s"
 }
 
-if [ "$SMOKE" = 1 ]; then
-  step sampler 60 sampler.py --model tiny --batches 2 --prompt-len 8 --new-tokens 4 --reps 1
-  step decode_cache 60 decode_cache.py --smoke
-  step train_mfu 60 train_mfu.py --smoke --variants chunked,full
-  step logprob_memory 60 logprob_memory.py --smoke --time 1
+if [ "$SMOKE" = 1 ]; then  # generous limits: they only catch hangs (a loaded 2-core CI runner is slow)
+  step sampler 150 sampler.py --model tiny --batches 2 --prompt-len 8 --new-tokens 4 --reps 1
+  step decode_cache 150 decode_cache.py --smoke
+  step train_mfu 150 train_mfu.py --smoke --variants chunked,full
+  step logprob_memory 150 logprob_memory.py --smoke --time 1
   # iteration.py compiles the whole loop (minutes on a CPU): the smoke run only checks that it imports and
   # parses its arguments; tests/test_loop.py runs the loop itself.
-  timeout 60 "$PY" experiments/bench/iteration.py --help >"$WORK/iteration.log" 2>&1
+  timeout 150 "$PY" experiments/bench/iteration.py --help >"$WORK/iteration.log" 2>&1
   echo "$? 0" >"$WORK/iteration.rc"
 else
-  step sampler 75 sampler.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
+  step sampler 70 sampler.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
     --dtype bfloat16 --reps 3
   step decode_cache 80 decode_cache.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
     --block 128 --dtype bfloat16 --reps 3
-  step train_mfu 110 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --variants chunked,full
-  step iteration 130 iteration.py --steps 3 --seeds 8 --reps 2
+  step train_mfu 100 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --variants chunked,full
+  step iteration 150 iteration.py --steps 3 --seeds 8 --reps 2
   step logprob_memory 45 logprob_memory.py --batch 8 --seq 1024 --hidden 576 --vocab 49152 --dtype bfloat16 \
     --time 3 --model
   # >>> [llm] hook: the [llm] issue adds its GPU run here, e.g.
