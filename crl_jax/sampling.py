@@ -13,7 +13,8 @@ Three entry points:
 Layout. Prompts are RIGHT-padded in the API (row b holds its tokens at 0..len_b-1). Internally each row is
 rolled right by pad_b = P - len_b, so every prompt ends at slot P-1 and all rows decode in lock-step with
 one scalar cache index (the transformer's cache contract). Row b's token in slot s has position s - pad_b;
-the padded slots are masked out as keys. The cache holds P + N slots.
+the padded slots are masked out as keys. The cache holds P + N slots; it is carried through the decode
+loop and written in place, and each step attends only over the `attn_block`-slot blocks written so far.
 
 Sampling order (per step, per row): allowed-token mask -> temperature -> top-k -> top-p (nucleus) ->
 categorical. The returned log-prob is that of the sampled token under exactly this filtered, renormalised
@@ -36,6 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from crl_jax.models import transformer as tr
+from crl_jax.models.logprobs import chunked_logprobs
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class SamplerConfig:
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     stop_tokens: tuple = ()  # token ids that end a row (kept in the output)
     pad_id: int = 0  # written after a row stops
+    attn_block: int = 128  # cache slots per attention block: decode reads only the blocks written so far
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -58,6 +61,8 @@ class SamplerConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.attn_block < 1:
+            raise ValueError(f"attn_block must be >= 1, got {self.attn_block}")
         object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
 
 
@@ -151,7 +156,8 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
 
     cache = tr.init_cache(model.cfg, B, P + N)
     # Unembed only the last slot: [B, P, V] prefill logits would dominate memory for big vocabularies.
-    h, cache = model(toks, positions=pos, attention_mask=valid, cache=cache, cache_index=0, return_hidden=True)
+    h, cache = model(toks, positions=pos, attention_mask=valid, cache=cache, cache_index=0, return_hidden=True,
+                     attn_block=cfg.attn_block)
     logits = model.unembed(h[:, -1:])[:, 0]
     stops = jnp.asarray(cfg.stop_tokens, jnp.int32)
 
@@ -173,7 +179,7 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
         # Feed the token at slot P + i; its position continues each row's own count.
         new_pos = (prompt_len + i)[:, None]
         h, cache = model(tok[:, None], positions=new_pos, attention_mask=jnp.ones((B, 1), bool), cache=cache,
-                         cache_index=P + i, return_hidden=True)
+                         cache_index=P + i, return_hidden=True, attn_block=cfg.attn_block)
         return i + 1, model.unembed(h)[:, 0], cache, key, done, out_t, out_lp
 
     init = (jnp.int32(0), logits, cache, key, jnp.zeros((B,), bool),
@@ -234,13 +240,10 @@ def sequence_logprobs(graphdef, params, tokens, prompt_len, total_len, *, temper
     tokens = tokens.astype(jnp.int32)
     t = jnp.arange(T)[None, :]
     valid = t < total_len[:, None]
-    logits = tr.apply(graphdef, params, tokens, attention_mask=valid)  # positions 0..T-1
-    if temperature != 1.0:
-        logits = logits / temperature
-    # logits[:, t-1] predicts tokens[:, t]; logsumexp avoids a second [B, T, V] buffer.
-    pred = logits[:, :-1].astype(jnp.float32)
-    tgt = tokens[:, 1:, None]
-    lp = jnp.take_along_axis(pred, tgt, axis=-1)[..., 0] - jax.nn.logsumexp(pred, axis=-1)
+    model = tr.merge(graphdef, params)
+    h = model(tokens, attention_mask=valid, return_hidden=True)  # positions 0..T-1
+    # h[:, t-1] predicts tokens[:, t]; scored in vocabulary tiles (no [B, T, V] logits buffer).
+    lp, _ = chunked_logprobs(h[:, :-1], model.unembed_matrix(), tokens[:, 1:], temperature=temperature)
     lp = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), lp], axis=1)
     keep = (t >= prompt_len[:, None]) & valid & (t >= 1)
     return jnp.where(keep, lp, 0.0)

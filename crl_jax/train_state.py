@@ -38,6 +38,7 @@ import optax
 from flax import nnx, struct
 
 from crl_jax import losses
+from crl_jax.models.logprobs import chunked_logprobs
 
 _F32 = jnp.float32
 
@@ -104,18 +105,26 @@ def token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, *, with
     logp[b, t] = log_softmax(logits[b, t - 1])[tokens[b, t]] where mask[b, t] and t >= 1, else 0;
     entropy[b, t] (if asked; no gradient) is the entropy of that same distribution.
     tokens, mask [B, T] -> logp [B, T] float32, entropy [B, T] float32 or None.
+
+    A model with `unembed_matrix` (the transformer) is scored from its final hidden states with
+    `chunked_logprobs`: no [B, T, V] float32 logits in the forward or the backward pass (issue #16).
     """
     chex.assert_rank([tokens, mask], 2)
     chex.assert_equal_shape([tokens, mask])
-    logits = nnx.merge(graphdef, params)(tokens)[:, :-1].astype(_F32)  # [B, T-1, V] predicts t = 1..T-1
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, tokens[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
+    model = nnx.merge(graphdef, params)
+    tgt = tokens[:, 1:].astype(jnp.int32)
+    if hasattr(model, "unembed_matrix"):
+        h = model(tokens, return_hidden=True)[:, :-1]  # [B, T-1, H] predicts t = 1..T-1
+        lp, ent = chunked_logprobs(h, model.unembed_matrix(), tgt, with_entropy=with_entropy)
+    else:  # any other module returning logits
+        logits = model(tokens)[:, :-1].astype(_F32)
+        lp = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, axis=-1)
+        ent = jax.lax.stop_gradient(losses.token_entropy(logits)) if with_entropy else None
     pad = jnp.zeros((tokens.shape[0], 1), _F32)
     valid = mask.astype(bool) & (jnp.arange(tokens.shape[1]) >= 1)[None, :]
-    logp = jnp.where(valid, jnp.concatenate([pad, picked - lse], axis=1), 0.0)
+    logp = jnp.where(valid, jnp.concatenate([pad, lp], axis=1), 0.0)
     entropy = None
     if with_entropy:
-        ent = jax.lax.stop_gradient(losses.token_entropy(logits))
         entropy = jnp.where(valid, jnp.concatenate([pad, ent], axis=1), 0.0)
     return logp, entropy
 

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from crl_jax.models import attention
 from crl_jax.models import transformer as tr
 
 
@@ -65,3 +66,46 @@ def test_last_hidden_equals_the_full_forward_at_the_last_position(layers, bias, 
     g_fast, g_ref = jax.grad(loss)(params, True), jax.grad(loss)(params, False)
     for a, b in zip(jax.tree_util.tree_leaves(g_fast), jax.tree_util.tree_leaves(g_ref)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=5e-5)
+
+
+@pytest.mark.parametrize("block", [2, 3, 8, 64])
+def test_live_length_attention_equals_the_full_forward_at_every_length(block):
+    """Prefill 5 tokens into a 13-slot cache, then decode one token at a time: the logits at every
+    length 5..12 equal the uncached forward's, whatever the block size (2: seven blocks; 3 and 8:
+    a clamped, overlapping last block; 64 >= capacity: one block)."""
+    cfg = tr.tiny_config(97, num_layers=2)
+    gd, pa = tr.split(tr.create(cfg, jax.random.key(3)))
+    fwd = jax.jit(tr.apply, static_argnums=0, static_argnames="attn_block")  # one compile per shape
+    toks = jax.random.randint(jax.random.key(4), (2, 12), 0, 97)
+    full = fwd(gd, pa, toks)
+    cache = tr.init_cache(cfg, 2, 13)
+    lo, cache = fwd(gd, pa, toks[:, :5], positions=jnp.broadcast_to(jnp.arange(5), (2, 5)), cache=cache,
+                    cache_index=0, attn_block=block)
+    outs = [lo]
+    for t in range(5, 12):
+        lo, cache = fwd(gd, pa, toks[:, t:t + 1], positions=jnp.full((2, 1), t), cache=cache, cache_index=t,
+                        attn_block=block)
+        outs.append(lo)
+    np.testing.assert_allclose(np.asarray(jnp.concatenate(outs, 1)), np.asarray(full), atol=2e-5)
+    assert cache["valid"][:, :12].all() and not cache["valid"][:, 12:].any()
+
+
+def test_attend_live_reads_nothing_past_the_live_length():
+    """Garbage (NaN) in unwritten slots past cache_index + T never reaches the output: only the live blocks
+    are read. Left-padding slots (valid False) are masked; a query with no valid key gets 0."""
+    B, S, Kv, G, D = 1, 12, 1, 2, 4
+    k = jax.random.normal(jax.random.key(0), (1, B, S, Kv, D))
+    v = jax.random.normal(jax.random.key(1), (1, B, S, Kv, D))
+    q = jax.random.normal(jax.random.key(2), (B, 1, Kv * G, D))
+    idx = 5  # query at slot 5: keys 0..5 live; slots 0, 1 are padding
+    poison = jnp.arange(S)[None, None, :, None, None] >= 8  # past the block [4, 8) that holds slot 5
+    kn, vn = jnp.where(poison, jnp.nan, k), jnp.where(poison, jnp.nan, v)
+    valid = jnp.arange(S)[None, :] >= 2
+    out = attention.attend_live(q, kn, vn, 0, valid, idx, Kv, block=4)  # blocks [0, 4), [4, 8): slots 8.. never read
+    s = np.einsum("kgd,skd->kgs", np.asarray(q[0, 0]).reshape(Kv, G, D), np.asarray(k[0, 0, 2:idx + 1])) / 2.0
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = np.einsum("kgs,skd->kgd", p, np.asarray(v[0, 0, 2:idx + 1])).reshape(-1)
+    np.testing.assert_allclose(np.asarray(out[0, 0]), want, rtol=1e-5, atol=1e-6)
+    none = attention.attend_live(q, k, v, 0, jnp.zeros((B, S), bool), idx, Kv, block=4)
+    assert not np.asarray(none).any()

@@ -18,6 +18,13 @@ Call forms (tokens are `[B, T]` int32):
   writes keys/values into slots `i .. i+T-1` of a cache made by `init_cache` and attends over every
   valid slot `<=` the query's own slot. `cache_index` is one scalar for the whole batch (batched
   prompts are left-padded by the sampler, so all rows advance together).
+
+The cached path (issue #16) carries the whole `[L, B, S, Hkv, D]` cache through the layer scan and
+writes only the new slots (`dynamic_update_slice` on the carried buffer, in place under jit: no copy of
+the stacked layers per call), and attends block by block over the live slots `0 .. i+T-1` only
+(`attn_block` slots per block, online softmax in float32), so a decode step costs what has been written,
+not the cache's capacity. It is a forward-only path (the block loop has a data-dependent trip count, which
+reverse-mode differentiation does not support); training uses the uncached call.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from crl_jax.models.attention import attend_live
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -217,14 +226,17 @@ class Transformer(nnx.Module):
     def embed_tokens(self, tokens):
         return jnp.take(self.embed[...], tokens, axis=0)
 
+    def unembed_matrix(self):
+        """The unembedding [H, V] (the embedding's transpose when tied)."""
+        return self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+
     def unembed(self, h):
-        w = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
-        return jnp.einsum("bth,hv->btv", h, w, preferred_element_type=jnp.float32)
+        return jnp.einsum("bth,hv->btv", h, self.unembed_matrix(), preferred_element_type=jnp.float32)
 
     # -- forward -------------------------------------------------------------------------------
 
     def __call__(self, tokens, *, positions=None, attention_mask=None, cache=None, cache_index=None,
-                 return_hidden: bool = False):
+                 return_hidden: bool = False, attn_block: int = 128):
         cfg = self.cfg
         B, T = tokens.shape
         if positions is None:
@@ -236,32 +248,31 @@ class Transformer(nnx.Module):
         inv_freq = jnp.asarray(inv_freq_np)
         h = self.embed_tokens(tokens)
 
+        lps = self.layer_params()
         if cache is None:
-            q_slot = jnp.arange(T)
-            k_slot = jnp.arange(T)
-            key_valid = attention_mask  # [B, S=T]
-            mask = key_valid[:, None, :] & (k_slot[None, None, :] <= q_slot[None, :, None])
+            causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]  # [q, k]
+            mask = attention_mask[:, None, :] & causal[None]  # [B, T, T]
+
+            def block(h, lp):
+                return self._layer(h, lp, positions, inv_freq, attn_factor, mask)[0], None
+
+            if cfg.remat:
+                block = jax.checkpoint(block)
+            h, _ = jax.lax.scan(block, h, lps)
+            new_cache = None
         else:
             if cache_index is None:
                 raise ValueError("cache_index is required when a cache is given")
-            S = cache["k"].shape[2]
             valid = jax.lax.dynamic_update_slice(cache["valid"], attention_mask, (0, cache_index))
-            q_slot = cache_index + jnp.arange(T)
-            k_slot = jnp.arange(S)
-            mask = valid[:, None, :] & (k_slot[None, None, :] <= q_slot[None, :, None])
 
-        def block(h, xs):
-            lp, kc, vc = xs
-            return self._layer(h, lp, positions, inv_freq, attn_factor, mask, kc=kc, vc=vc, cache_index=cache_index)
+            def cblock(carry, xs):  # the cache rides in the carry: updated in place, never restacked
+                h, kc, vc = carry
+                lp, layer = xs
+                return self._cached_layer(h, lp, layer, positions, inv_freq, attn_factor, valid, kc, vc,
+                                          cache_index, attn_block), None
 
-        if cfg.remat:
-            block = jax.checkpoint(block)
-        lps = self.layer_params()
-        if cache is None:
-            h, _ = jax.lax.scan(lambda c, lp: (block(c, (lp, None, None))[0], None), h, lps)
-            new_cache = None
-        else:
-            h, (ks, vs) = jax.lax.scan(block, h, (lps, cache["k"], cache["v"]))
+            layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+            (h, ks, vs), _ = jax.lax.scan(cblock, (h, cache["k"], cache["v"]), (lps, layers))
             new_cache = {"k": ks, "v": vs, "valid": valid}
         h = rms_norm(h, self.final_norm[...], cfg.rms_norm_eps)
         out = h if return_hidden else self.unembed(h)
@@ -298,19 +309,28 @@ class Transformer(nnx.Module):
                             query_at=last)
         return rms_norm(h1, self.final_norm[...], cfg.rms_norm_eps)[:, 0]
 
-    def _layer(self, h, lp, positions, inv_freq, attn_factor, mask, *, kc=None, vc=None, cache_index=None,
-               query_at=None):
-        """One decoder block -> (h, (new k cache, new v cache)). `query_at` [B]: keys and values of every
-        position, but attention output and MLP for that one position only (h comes back [B, 1, H])."""
+    def _layer(self, h, lp, positions, inv_freq, attn_factor, mask, *, query_at=None):
+        """One uncached decoder block -> (h, None). `query_at` [B]: keys and values of every position, but
+        attention output and MLP for that one position only (h comes back [B, 1, H])."""
         x = rms_norm(h, lp["attn_norm"], self.cfg.rms_norm_eps)
-        q, k, v, new_kc, new_vc = self._qkv(x, lp, positions, inv_freq, attn_factor, kc, vc, cache_index)
-        if kc is not None:
-            k, v = new_kc, new_vc
+        q, k, v = self._qkv(x, lp, positions, inv_freq, attn_factor)
         if query_at is not None:
             q = jnp.take_along_axis(q, query_at[:, None, None, None], axis=1)  # [B, 1, Nq, D]
             h = jnp.take_along_axis(h, query_at[:, None, None], axis=1)  # [B, 1, H]
         h = h + jnp.einsum("btf,fh->bth", self._attend(q, k, v, mask), lp["wo"]).astype(h.dtype)
-        return h + self._mlp(h, lp), (new_kc, new_vc)
+        return h + self._mlp(h, lp), None
+
+    def _cached_layer(self, h, lp, layer, positions, inv_freq, attn_factor, valid, kc, vc, cache_index, block):
+        """One decoder block against the full cache kc / vc [L, B, S, Hkv, D]: writes this layer's new keys
+        and values at slots cache_index.. (in place) and attends over the live slots -> (h, kc, vc)."""
+        x = rms_norm(h, lp["attn_norm"], self.cfg.rms_norm_eps)
+        q, k, v = self._qkv(x, lp, positions, inv_freq, attn_factor)
+        at = (layer, 0, cache_index, 0, 0)
+        kc = jax.lax.dynamic_update_slice(kc, k[None].astype(kc.dtype), at)
+        vc = jax.lax.dynamic_update_slice(vc, v[None].astype(vc.dtype), at)
+        o = attend_live(q, kc, vc, layer, valid, cache_index, self.cfg.num_kv_heads, block)
+        h = h + jnp.einsum("btf,fh->bth", o, lp["wo"]).astype(h.dtype)
+        return h + self._mlp(h, lp), kc, vc
 
     def _mlp(self, h, lp):
         x = rms_norm(h, lp["mlp_norm"], self.cfg.rms_norm_eps)
@@ -318,7 +338,7 @@ class Transformer(nnx.Module):
         u = jnp.einsum("bth,hi->bti", x, lp["w_up"])
         return jnp.einsum("bti,ih->bth", jax.nn.silu(g) * u, lp["w_down"]).astype(h.dtype)
 
-    def _qkv(self, x, lp, positions, inv_freq, attn_factor, kc, vc, cache_index):
+    def _qkv(self, x, lp, positions, inv_freq, attn_factor):
         cfg = self.cfg
         B, T, _ = x.shape
         D = cfg.dim_head
@@ -335,11 +355,7 @@ class Transformer(nnx.Module):
             k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
         q = apply_rope(q, positions, inv_freq, attn_factor)
         k = apply_rope(k, positions, inv_freq, attn_factor)
-        new_kc = new_vc = None
-        if kc is not None:
-            new_kc = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), (0, cache_index, 0, 0))
-            new_vc = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), (0, cache_index, 0, 0))
-        return q, k, v, new_kc, new_vc
+        return q, k, v
 
     def _attend(self, q, k, v, mask):
         """q [B,T,Nq,D], k/v [B,S,Nkv,D], mask [B,T,S] -> [B,T,Nq*D]; softmax in float32."""

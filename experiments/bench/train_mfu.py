@@ -2,8 +2,9 @@
 
     python experiments/bench/train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --json OUT
 
-One step = forward + backward of the token log-prob loss (`train_state.token_logprobs`, full-vocabulary
-logits in float32) + AdamW, bf16 parameters, optional remat per block. MFU = model FLOPs / time / peak,
+One step = forward + backward of the token log-prob loss + AdamW, bf16 parameters, optional remat per
+block. `--variants chunked,full` measures the library's vocabulary-tiled `train_state.token_logprobs`
+and the full-logits version it replaced (#16) in one process. MFU = model FLOPs / time / peak,
 with model FLOPs = 6 * (non-embedding params + unembedding) * tokens + 6 * L * T * H_attn * tokens
 (causal attention counted at half). Peak defaults to the H200's 989 TFLOP/s dense bf16.
 """
@@ -17,6 +18,7 @@ import time
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from crl_jax import train_state as ts
 from crl_jax.models import transformer as tr
@@ -32,27 +34,29 @@ def model_flops_per_token(cfg, seq: int) -> float:
     return 6.0 * dense + 6.0 * attn
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser()
-    p.add_argument("--preset", default="qwen2.5-0.5b")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--remat", type=int, default=1)
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--peak", type=float, default=989e12)
-    p.add_argument("--json", default=None)
-    a = p.parse_args(argv)
-    cfg = preset_config(a.preset, param_dtype="bfloat16", remat=bool(a.remat))
+def old_token_logprobs(gd, params, tokens, mask):
+    """The learner's log-probs before #16: full [B, T, V] float32 logits (the baseline of --variants)."""
+    logits = nnx.merge(gd, params)(tokens)[:, :-1].astype(jnp.float32)
+    picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
+    return jnp.where(mask[:, 1:], picked - jax.nn.logsumexp(logits, axis=-1), 0.0)
+
+
+def measure(cfg, variant: str, a) -> dict:
     state = ts.create_train_state(tr.create(cfg, jax.random.key(0)), optax.adamw(1e-5))
     toks = jax.random.randint(jax.random.key(1), (a.batch, a.seq), 0, cfg.vocab_size)
     mask = jnp.ones((a.batch, a.seq), bool)
 
     def loss_fn(gd, params, batch):
-        logp, _ = ts.token_logprobs(gd, params, batch, mask)
+        if variant == "full":
+            logp = old_token_logprobs(gd, params, batch, mask)
+        else:
+            logp, _ = ts.token_logprobs(gd, params, batch, mask)
         return -jnp.sum(logp), (jnp.float32(a.batch * (a.seq - 1)), {})
 
     step = jax.jit(lambda s, b: ts.apply_update(s, b, loss_fn, 1), donate_argnums=(0,))
     t0 = time.time()
+    comp = step.lower(state, toks).compile()
+    mem = comp.memory_analysis()
     state, m = step(state, toks)
     jax.block_until_ready(m)
     compile_s = time.time() - t0
@@ -65,13 +69,41 @@ def main(argv=None):
     dt = sorted(times)[len(times) // 2]
     tokens = a.batch * a.seq
     flops = model_flops_per_token(cfg, a.seq) * tokens
-    row = dict(preset=a.preset, batch=a.batch, seq=a.seq, remat=a.remat, params_m=tr.num_params(state.params) / 1e6,
-               step_s=dt, tokens_per_s=tokens / dt, tflops=flops / dt / 1e12, mfu=flops / dt / a.peak,
-               compile_s=compile_s, device=str(jax.devices()[0].device_kind), loss=float(m["loss"]))
-    print(json.dumps(row, indent=2))
+    return dict(variant=variant, preset=a.preset, batch=a.batch, seq=a.seq, remat=a.remat,
+                params_m=tr.num_params(state.params) / 1e6, step_s=dt, step_s_all=times, tokens_per_s=tokens / dt,
+                tflops=flops / dt / 1e12, mfu=flops / dt / a.peak, compile_s=compile_s,
+                temp_bytes=getattr(mem, "temp_size_in_bytes", None) if mem is not None else None,
+                device=str(jax.devices()[0].device_kind), loss=float(m["loss"]))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="qwen2.5-0.5b")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--remat", type=int, default=1)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--peak", type=float, default=989e12)
+    p.add_argument("--variants", default="chunked", help="comma list of chunked (library) and full (before #16)")
+    p.add_argument("--smoke", action="store_true", help="tiny model, batch 2, seq 64, 1 rep (CPU)")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    if a.smoke:
+        cfg = tr.tiny_config(1024, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                             remat=bool(a.remat))
+        a.preset, a.batch, a.seq, a.reps = "tiny", 2, 64, 1
+    else:
+        cfg = preset_config(a.preset, param_dtype="bfloat16", remat=bool(a.remat))
+    rows = [measure(cfg, v, a) for v in a.variants.split(",")]
+    out = dict(rows=rows)
+    if len(rows) == 2:
+        by = {r["variant"]: r for r in rows}
+        if set(by) == {"chunked", "full"}:
+            out["full_over_chunked_step_s"] = by["full"]["step_s"] / by["chunked"]["step_s"]
+    print(json.dumps(out, indent=2))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(row, f, indent=2)
+            json.dump(out, f, indent=2)
 
 
 if __name__ == "__main__":

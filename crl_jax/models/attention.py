@@ -1,0 +1,67 @@
+"""Decode-time attention over the live part of a KV cache (issue #16).
+
+A sampler's cache has capacity S = P + N slots, but at decode step i only P + i + 1 of them hold keys.
+`attend_live` reads the cache block by block and stops after the last written block, so the cost of a
+step grows with the tokens written, not with the capacity. (`jax.nn.dot_product_attention` with
+`implementation="xla"` still computes and masks the whole [T, S] score matrix, i.e. costs the capacity; its
+cuDNN path on GPUs is a possible follow-up, to be compared with this one by experiments/bench/gpu.sh.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+
+
+def attend_live(q, kc, vc, layer, valid, cache_index, num_kv_heads: int, block: int = 128):
+    """Attention of queries q [B, T, Nq, D] at slots cache_index .. cache_index+T-1 over layer `layer` of the
+    cache kc / vc [L, B, S, Hkv, D], key slots `valid` [B, S] and causal (slot <= the query's) -> [B, T, Nq*D].
+
+    Only the ceil((cache_index + T) / block) blocks that hold written slots are read (a `fori_loop` with a
+    traced trip count; with block >= S one static block and no loop); the softmax is accumulated across
+    blocks (running max, sum and weighted values in float32). Equal to `Transformer._attend` over the whole
+    cache up to float32 summation order; a query with no valid key gets 0, as there. The last block is
+    clamped to end at slot S (the slots it shares with the block before are masked), so S need not be a
+    multiple of `block`.
+    """
+    chex.assert_rank([q, kc, vc, valid], [4, 5, 5, 2])
+    chex.assert_equal_shape([kc, vc])
+    B, T, Nq, D = q.shape
+    S = kc.shape[2]
+    G = Nq // num_kv_heads
+    c = min(int(block), S)
+    qg = q.reshape(B, T, num_kv_heads, G, D)
+    q_slot = cache_index + jnp.arange(T)
+    n_blocks = (cache_index + T + c - 1) // c
+    scale = 1.0 / math.sqrt(D)
+
+    def body(j, carry):
+        m, l, acc = carry
+        start = jnp.minimum(j * c, S - c)
+        kb = jax.lax.dynamic_slice(kc, (layer, 0, start, 0, 0), (1, B, c, num_kv_heads, D))[0]
+        vb = jax.lax.dynamic_slice(vc, (layer, 0, start, 0, 0), (1, B, c, num_kv_heads, D))[0]
+        slot = start + jnp.arange(c)
+        own = (slot >= j * c)[None, None, :]
+        mask = jax.lax.dynamic_slice_in_dim(valid, start, c, axis=1)[:, None, :] & own & (
+            slot[None, None, :] <= q_slot[None, :, None])  # [B, T, c]
+        s = jnp.einsum("btkgd,bskd->bkgts", qg, kb, preferred_element_type=jnp.float32) * scale
+        s = jnp.where(mask[:, None, None], s, -jnp.inf)
+        m_new = jnp.maximum(m, s.max(-1))
+        m_ref = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # no valid key yet: keep everything at 0
+        p = jnp.exp(s - m_ref[..., None])
+        rescale = jnp.exp(m - m_ref)
+        pv = jnp.einsum("bkgts,bskd->bkgtd", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32)
+        return m_new, l * rescale + p.sum(-1), acc * rescale[..., None] + pv
+
+    stat = (B, num_kv_heads, G, T)
+    init = (jnp.full(stat, -jnp.inf, jnp.float32), jnp.zeros(stat, jnp.float32),
+            jnp.zeros(stat + (D,), jnp.float32))
+    if -(-S // c) == 1:  # one block covers the cache: no loop (a GPU runs a data-dependent loop with a
+        _, l, acc = body(0, init)  # host round trip per iteration; block >= capacity avoids it)
+    else:
+        _, l, acc = jax.lax.fori_loop(0, n_blocks, body, init)
+    o = (acc / jnp.where(l > 0, l, 1.0)[..., None]).astype(vc.dtype)  # [B, Kv, G, T, D]
+    return jnp.moveaxis(o, 3, 1).reshape(B, T, Nq * D)

@@ -1,0 +1,127 @@
+"""Decode before vs after #16 items 1-2, measured in one process: the old sampler (cache restacked by the
+layer scan every step, attention over the whole capacity) vs the library's (cache written in place;
+attention over the live blocks only).
+
+    python experiments/bench/decode_cache.py                         # tiny model, B 1/8/64, P 64, N 192
+    python experiments/bench/decode_cache.py --model smollm2-shape --batches 1,8 --prompt-len 32 --new-tokens 64
+    python experiments/bench/decode_cache.py --smoke                 # a few seconds (CI)
+
+Variants (same weights, prompts and key, greedy, no stop token so every step runs):
+- `old`: experiments/bench/legacy_decode.py (the code before #16);
+- `inplace`: the library with `attn_block` >= capacity (one block = the whole cache: item 2 alone);
+- `live`: the library with `attn_block` = --block (items 2 + 3).
+Each repeat runs every variant once (interleaved, so load changes hit all alike); printed: median ms per
+generate call, decode tok/s, and the per-repeat ratio old / variant as min / median / max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import legacy_decode as LD  # noqa: E402
+
+from crl_jax import sampling as S  # noqa: E402
+from crl_jax.models import transformer as tr  # noqa: E402
+
+
+def build(name: str, dtype: str):
+    if name == "micro":  # --smoke
+        cfg = tr.tiny_config(128, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
+    elif name == "tiny":
+        cfg = tr.tiny_config(512, param_dtype=dtype, max_position_embeddings=4096)
+    else:
+        from crl_jax.models.presets import preset_config
+
+        cfg = preset_config("smollm2-135m", param_dtype=dtype)
+    gd, pa = tr.split(tr.create(cfg, jax.random.key(0)))
+    return gd, pa, cfg
+
+
+def uptime() -> str:
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def run(model: str, batches, P: int, N: int, block: int, reps: int, dtype: str) -> list[dict]:
+    gd, pa, cfg = build(model, dtype)
+    new = jax.jit(S.sample_tokens, static_argnums=(0, 5))
+    rows = []
+    for B in batches:
+        prompt = jax.random.randint(jax.random.key(1), (B, P), 1, cfg.vocab_size)
+        plen = jnp.full((B,), P, jnp.int32)
+        key = jax.random.key(2)
+        base = dict(max_new_tokens=N, temperature=0.0)
+        variants = {
+            "old": lambda: LD.legacy_generate_jit(gd, pa, prompt, plen, key, S.SamplerConfig(**base)),
+            "inplace": lambda: new(gd, pa, prompt, plen, key, S.SamplerConfig(**base, attn_block=P + N)),
+            "live": lambda: new(gd, pa, prompt, plen, key, S.SamplerConfig(**base, attn_block=block)),
+        }
+        outs = {k: jax.block_until_ready(f()) for k, f in variants.items()}  # compile + warm
+        same = all(bool((outs[k][0] == outs["old"][0]).all()) for k in outs)
+        times = {k: [] for k in variants}
+        for _ in range(reps):
+            for k, f in variants.items():
+                t0 = time.perf_counter()
+                jax.block_until_ready(f())
+                times[k].append(time.perf_counter() - t0)
+        row = dict(model=model, batch=B, P=P, N=N, block=block, dtype=dtype, reps=reps, same_tokens=same,
+                   load=uptime())
+        for k in variants:
+            row[f"{k}_ms"] = 1e3 * statistics.median(times[k])
+            row[f"{k}_tok_s"] = B * N / statistics.median(times[k])
+            if k != "old":
+                r = sorted(o / v for o, v in zip(times["old"], times[k]))
+                row[f"old_over_{k}"] = [r[0], statistics.median(r), r[-1]]
+        rows.append(row)
+    return rows
+
+
+def table(rows) -> str:
+    out = ["| model | B | P | N | old ms | in-place ms | live ms | old / in-place (min/med/max) | "
+           "old / live (min/med/max) | live tok/s | same tokens | load |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    f = lambda r: " / ".join(f"{x:.2f}" for x in r)  # noqa: E731
+    for r in rows:
+        out.append(f"| {r['model']} | {r['batch']} | {r['P']} | {r['N']} | {r['old_ms']:.1f} | {r['inplace_ms']:.1f} | "
+                   f"{r['live_ms']:.1f} | {f(r['old_over_inplace'])} | {f(r['old_over_live'])} | "
+                   f"{r['live_tok_s']:,.0f} | {r['same_tokens']} | {r['load']} |")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="tiny", choices=["tiny", "smollm2-shape"])
+    p.add_argument("--batches", default="1,8,64")
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=192)
+    p.add_argument("--block", type=int, default=32)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.model, a.batches, a.prompt_len, a.new_tokens, a.block, a.reps = "micro", "2", 8, 8, 4, 1
+    rows = run(a.model, [int(b) for b in a.batches.split(",")], a.prompt_len, a.new_tokens, a.block, a.reps, a.dtype)
+    print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
+    print(table(rows))
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as fh:
+            json.dump(rows, fh, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
