@@ -17,6 +17,7 @@ operations, and a few decoded replies. No training, no bank: a measure of what t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 
@@ -47,6 +48,9 @@ def main(argv=None):
     ap.add_argument("--variant", action="append", default=[],
                     help="a space-separated override list probed as one variant (repeatable; one process, the "
                          "weights loaded once); the trailing overrides apply to every variant")
+    ap.add_argument("--adapters", default="",
+                    help="a format-prior cache file (format-prior-<id>.npz): start from base + these adapters "
+                         "instead of the config's own prior (e.g. a prior trained on the dark room, probed lit)")
     ap.add_argument("overrides", nargs="*", help="config overrides key=value")
     a = ap.parse_args(argv)
     return [probe(a, a.overrides + v.split()) for v in (a.variant or [""])]
@@ -62,7 +66,17 @@ def probe(a, overrides: list[str]) -> dict:
     cfg = load(os.path.join(ROOT, "experiments", "configs", "smollm2_room.yaml"), ov)
     t0 = time.time()
     rt = L.build(cfg)
+    if a.adapters:
+        from crl_jax.llm import format_prior as fpm
+
+        fpm._MEMO[fpm.format_prior_id(rt.cfg)] = fpm._load(a.adapters, fpm.adapter_template(rt))
+        cfg = dataclasses.replace(cfg, format_prior=dataclasses.replace(cfg.format_prior, enabled=True))
+    t_prior = time.time()
     state = L.init_state(rt, jax.random.key(0), cfg)
+    if cfg.format_prior.enabled:
+        from crl_jax.llm import format_prior as fpm
+
+        print(f"format prior {fpm.format_prior_id(rt.cfg)}: {time.time() - t_prior:.0f}s (trained or loaded)")
     N = a.episodes
     tasks = jnp.arange(N, dtype=jnp.int32) % cfg.env.num_train_tasks
     exp = jnp.zeros((N, cfg.bank.entry_len), jnp.int32)

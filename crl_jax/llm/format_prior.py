@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 
 from crl_jax import prompts
 from crl_jax.llm.pieces import token_row, token_table
@@ -42,7 +43,7 @@ from crl_jax.packing import pack_segments
 from crl_jax.pretrain import _load, _random_obs, _save, cache_dir
 
 FORMAT_PRIOR_VERSION = 1  # bump when the synthetic data change: old caches then miss
-MAX_PRIOR_TURNS = 4  # synthetic distillation trajectories: 1..4 turns (the prompt stays short)
+MAX_PRIOR_TURNS = 2  # synthetic distillation trajectories: 1..2 turns (the prompt stays short)
 # Lesson words: generic, level-free vocabulary (a lesson made of them is random text, not advice).
 WORDS = ("wall", "room", "stairs", "corner", "move", "turn", "door", "floor", "path", "edge", "early", "late",
          "left", "right", "up", "down", "dark", "light", "near", "far", "first", "again", "step", "look",
@@ -143,7 +144,7 @@ def distill_budget(rt) -> int:
 
 
 def extractor_rows(rt, key, n: int):
-    """`n` distillation rows: 1..4 random moves on random boards, random outcome, no retrieved entry;
+    """`n` distillation rows: 1..2 random moves on random boards, random outcome, no retrieved entry;
     target = one `add` of a random lesson (2/3) or a `return` (1/3) in the JSON answer format."""
     dp, t = rt.distill_pieces, rt_tables(rt)
     T = dp.num_turns
@@ -185,15 +186,31 @@ def _teacher_forced(prompt, plen, reply, rlen, width: int):
 # Fit, cache, starting weights
 
 
-def nll(graphdef, params, tokens, mask):
-    """Mean negative log-likelihood of the masked tokens (teacher forcing)."""
-    logits = tr.apply(graphdef, params, tokens)[:, :-1].astype(jnp.float32)
-    lp = jnp.take_along_axis(logits, tokens[:, 1:, None], -1)[..., 0] - jax.nn.logsumexp(logits, -1)
-    m = mask[:, 1:].astype(jnp.float32)
+def reply_cap(rt, which: str) -> int:
+    """Static room of a synthetic target (tokens): the loss scores only these positions."""
+    t = rt_tables(rt)
+    if which == "actor":
+        return int(t["moves"][0].shape[1] + t["move_close"][0].shape[0])
+    return rt.cfg.bank.entry_len + int(t["add_open"][0].shape[0]) + int(t["add_close"][0].shape[0])
+
+
+def nll(graphdef, params, tokens, mask, cap: int):
+    """Mean negative log-likelihood of the masked target tokens (teacher forcing). Only the `cap`
+    positions from the target's start are unembedded: [B, cap, V] logits instead of [B, W, V] (the
+    prompts are ~20x longer than the targets; V = 49,152 for SmolLM2)."""
+    model = tr.merge(graphdef, params)
+    h = model(tokens, return_hidden=True)  # [B, W, H]
+    start = jnp.argmax(mask, axis=1)  # first target position
+    pos = jnp.clip(start[:, None] - 1 + jnp.arange(cap)[None, :], 0, tokens.shape[1] - 2)  # predicts pos + 1
+    logits = model.unembed(jnp.take_along_axis(h, pos[..., None], axis=1))  # [B, cap, V] float32
+    tgt = jnp.take_along_axis(tokens, pos + 1, axis=1)
+    m = jnp.take_along_axis(mask, pos + 1, axis=1) & (start[:, None] - 1 + jnp.arange(cap)[None, :] == pos)
+    lp = jnp.take_along_axis(logits, tgt[..., None], -1)[..., 0] - jax.nn.logsumexp(logits, -1)
+    m = m.astype(jnp.float32)
     return -(lp * m).sum() / jnp.maximum(m.sum(), 1.0)
 
 
-def fit(graphdef, base, adapters, rows_fn, key, steps: int, lr: float, s: float):
+def fit(graphdef, base, adapters, rows_fn, key, steps: int, lr: float, s: float, cap: int):
     """`steps` Adam steps on the adapters only (base frozen, an argument of the compiled step, never
     updated) -> (adapters, losses [steps])."""
     tx = optax.adam(lr)
@@ -201,7 +218,7 @@ def fit(graphdef, base, adapters, rows_fn, key, steps: int, lr: float, s: float)
     @jax.jit
     def step(b, ad, opt, k):
         toks, mask = rows_fn(k)
-        loss, g = jax.value_and_grad(lambda a: nll(graphdef, lora.merge(b, a, s), toks, mask))(ad)
+        loss, g = jax.value_and_grad(lambda a: nll(graphdef, lora.merge(b, a, s), toks, mask, cap))(ad)
         u, opt = tx.update(g, opt, ad)
         return optax.apply_updates(ad, u), opt, loss
 
@@ -244,13 +261,17 @@ def train_format_prior(rt, log=None):
     key = jax.random.key(fp.seed)
     k_ia, k_ie, k_da, k_de = jax.random.split(key, 4)
     out, metrics = {}, {}
-    for name, host, gd, k_init, k_data, steps, rows in (
-            ("actor", rt.actor_weights, rt.actor_graphdef, k_ia, k_da, fp.actor_steps, actor_rows),
-            ("extractor", rt.extractor_weights, rt.extractor_graphdef, k_ie, k_de, fp.extractor_steps,
+    for name, host, mcfg, k_init, k_data, steps, rows in (
+            ("actor", rt.actor_weights, rt.actor_config, k_ia, k_da, fp.actor_steps, actor_rows),
+            ("extractor", rt.extractor_weights, rt.extractor_config, k_ie, k_de, fp.extractor_steps,
              extractor_rows)):
         base = jax.tree_util.tree_map(jnp.asarray, host)  # one device copy per call; never written
         ad = lora.init(base, k_init, rank=lc.rank, targets=targets)
-        ad, losses = fit(gd, base, ad, lambda k, rows=rows: rows(rt, k, fp.batch), k_data, steps, fp.lr, s)
+        # the same parameters under a graphdef that rematerialises each block in the backward pass: the
+        # activations of 30 blocks x ~1k-token prompts would not fit a CPU's memory otherwise
+        gd = nnx.graphdef(nnx.eval_shape(lambda c=mcfg: tr.create(c.replace(remat=True), jax.random.key(0))))
+        ad, losses = fit(gd, base, ad, lambda k, rows=rows: rows(rt, k, fp.batch), k_data, steps, fp.lr, s,
+                         reply_cap(rt, name))
         out[name] = ad
         if losses:
             if log:
@@ -262,16 +283,20 @@ def train_format_prior(rt, log=None):
 _MEMO: dict[str, dict] = {}
 
 
+def adapter_template(rt) -> dict:
+    """Fresh adapters of both models (the shapes and dtypes a cache file must have)."""
+    lc = rt.cfg.lora
+    targets = lora.parse_targets(lc.targets)
+    return {n: lora.init(jax.tree_util.tree_map(jnp.asarray, w), jax.random.key(0), rank=lc.rank, targets=targets)
+            for n, w in (("actor", rt.actor_weights), ("extractor", rt.extractor_weights))}
+
+
 def format_prior_adapters(rt, log=None) -> dict:
     """The cached adapters of `rt.cfg`'s format prior, trained on first use."""
     pid = format_prior_id(rt.cfg)
     if pid in _MEMO:
         return _MEMO[pid]
-    lc = rt.cfg.lora
-    targets = lora.parse_targets(lc.targets)
-    template = {n: lora.init(jax.tree_util.tree_map(jnp.asarray, w), jax.random.key(0), rank=lc.rank,
-                             targets=targets)
-                for n, w in (("actor", rt.actor_weights), ("extractor", rt.extractor_weights))}
+    template = adapter_template(rt)
     path = os.path.join(cache_dir(rt.cfg), f"format-prior-{pid}.npz")
     ad = None
     if os.path.exists(path):
