@@ -174,8 +174,8 @@ class FormatPriorConfig:
     every method; cached by a hash of what shapes it."""
 
     enabled: bool = False  # start actor and extractor from base + the format prior's merged adapters
-    actor_steps: int = 12  # supervised steps on synthetic actor replies (a random legal move in the answer format)
-    extractor_steps: int = 12  # supervised steps on synthetic JSON operations with random lesson text
+    actor_steps: int = 8  # supervised steps on synthetic actor replies (a random legal move in the answer format)
+    extractor_steps: int = 8  # supervised steps on synthetic JSON operations with random lesson text
     batch: int = 4  # synthetic rows per step
     lr: float = 2e-3  # Adam learning rate of the adapters
     seed: int = 0  # key of the prior's data and adapter init (the same prior for every run seed and method)
