@@ -1,7 +1,7 @@
 """Why the format prior's extractor answers `return`: P(first op word) at the op position, base vs format prior,
 on held-out synthetic distillation rows (key 123). Usage: python experiments/llm_op_probe.py (reads the
 format-prior cache of experiments/llm_probe.py's dark run in /tmp/crl_fp_cache)."""
-import glob, sys
+import glob
 import jax, jax.numpy as jnp, numpy as np
 
 import crl_jax.llm as L
@@ -20,7 +20,6 @@ s = lora.scale(cfg.lora.rank, cfg.lora.alpha)
 toks, mask = jax.jit(lambda k: fpm.extractor_rows(rt, k, 8))(jax.random.key(123))
 add_id, ret_id = tok.encode(' "add')[0], tok.encode(' "return')[0]
 print("op tokens", tok.encode('{"op": "add"'), tok.encode('{"op": "return"'))
-t0 = tok.encode('{"op": "')
 @jax.jit
 def probs(p, t, n):
     lg = tr.apply(rt.extractor_graphdef, p, t[None])[0, n - 1]
@@ -30,14 +29,12 @@ for i in range(8):
     t, m = np.asarray(toks[i]), np.asarray(mask[i])
     st = int(np.argmax(m))
     tgt = tok.decode(t[m].tolist())
-    # position of the op word: after '{"op": "' in the target
-    k = st + len(t0) - 1  # predicts token at st + len(t0) - 1 ... find by search
     ids = t.tolist()
-    # find index j where ids[j] is the op word token
+    # j: the position of the op word ('add' / 'return') in the target
     for j in range(st, st + 12):
         w = tok.token_text(ids[j])
         if "add" in w or "return" in w:
             break
     pb = probs(base, jnp.asarray(t), j); pp = probs(merged, jnp.asarray(t), j)
-    A, R = tok.encode("add")[0], tok.encode("return")[0]
+    A, R = tok.encode("add")[0], tok.encode("return")[0]  # single tokens of SmolLM2
     print(f"target {tgt[:24]!r}: base P(add) {float(pb[A]):.3f} P(return) {float(pb[R]):.3f} | prior P(add) {float(pp[A]):.3f} P(return) {float(pp[R]):.3f}")
