@@ -153,6 +153,41 @@ class PretrainConfig:
 
 
 @dataclass(frozen=True)
+class LLMPromptConfig:
+    """LLM path: prompt variants a small instruct model follows (crl_jax/prompts; measured in RESULTS.md)."""
+
+    example: bool = True  # one worked example turn (user board + assistant answer) before the actor's first turn
+    think: bool = False  # ask for one short thought before the answer (else: a one-line answer only)
+    prefill: bool = True  # replies start with actor_prefill.txt ("<answer>", in the prompt) and stop at the first
+    #                       token holding ">" (the end of "</answer>"); the parser then reads a bare first move
+    extractor_example: bool = True  # one worked example game + JSON answer before the distillation prompt
+    extractor_prefill: bool = True  # distillation replies start with distill_prefill.txt ('<answer>[')
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """LLM path: low-rank adapters (crl_jax/models/lora.py); the base weights stay frozen and shared."""
+
+    rank: int = 8  # r of every adapter
+    alpha: float = 16.0  # scaling alpha / r of the update A @ B
+    targets: str = "all"  # comma-separated projections (wq,wk,wv,wo,w_gate,w_up,w_down) or "all"
+
+
+@dataclass(frozen=True)
+class FormatPriorConfig:
+    """LLM path: the format prior (METHOD.md §6; crl_jax/llm/format_prior.py): LoRA steps on synthetic replies
+    in the answer and JSON formats (random moves, random lesson words), merged into the starting weights of
+    every method; cached by a hash of what shapes it."""
+
+    enabled: bool = False  # start actor and extractor from base + the format prior's merged adapters
+    actor_steps: int = 8  # supervised steps on synthetic actor replies (a random legal move in the answer format)
+    extractor_steps: int = 8  # supervised steps on synthetic JSON operations with random lesson text
+    batch: int = 4  # synthetic rows per step
+    lr: float = 2e-3  # Adam learning rate of the adapters
+    seed: int = 0  # key of the prior's data and adapter init (the same prior for every run seed and method)
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     every: int = 5  # steps between evaluations (0: only at the end)
     tasks: int = 32  # tasks evaluated per pool (held-in: first N train tasks; held-out: first N eval tasks)
@@ -193,6 +228,9 @@ class Config:
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh (crl_jax/sharding.py)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # multi-host start-up
     prompts: str = ""  # LLM path: folder of prompt templates ("" = the packaged crl_jax/prompts)
+    llm_prompt: LLMPromptConfig = field(default_factory=LLMPromptConfig)  # LLM path: prompt variants
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # LLM path: adapters (format prior)
+    format_prior: FormatPriorConfig = field(default_factory=FormatPriorConfig)  # LLM path: format prior
     checkpoint_every: int = 10  # steps between Orbax checkpoints (and always at the end)
     keep_checkpoints: int = 3  # how many checkpoints to keep
 

@@ -161,7 +161,11 @@ def clear_run(out_dir: str) -> None:
 def _prior_id(cfg: Config):
     from crl_jax import llm, pretrain
 
-    return pretrain.prior_id(cfg) if cfg.pretrain.enabled and not llm.is_llm_config(cfg) else None
+    if llm.is_llm_config(cfg):  # the LLM path's format prior (crl_jax/llm/format_prior.py), when enabled
+        from crl_jax.llm.format_prior import format_prior_id
+
+        return format_prior_id(cfg) if cfg.format_prior.enabled else None
+    return pretrain.prior_id(cfg) if cfg.pretrain.enabled else None
 
 
 def engine(cfg: Config):

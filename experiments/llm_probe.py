@@ -1,6 +1,10 @@
 """What SmolLM2-135M-Instruct does with the loop's own prompts, before any training (CPU-sized).
 
     python experiments/llm_probe.py [--episodes 8] [--turns 3] [--reply 48] [--extract 192] [--lit]
+        [--no-greedy] [--no-extract] [--json OUT.jsonl] [key=value ...]
+
+Trailing `key=value` arguments are config overrides, e.g. the prompt variants of `llm_prompt`
+(`llm_prompt.prefill=false llm_prompt.example=false llm_prompt.think=true llm_prompt.extractor_prefill=false`).
 
 Plays `--episodes` episodes of `--turns` turns with the LLM path's compiled rollout (`crl_jax.llm.rollout.play`,
 free-text replies of at most `--reply` tokens, sampled at temperature 1 and greedy), then asks the extractor
@@ -13,6 +17,7 @@ operations, and a few decoded replies. No training, no bank: a measure of what t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 
@@ -37,16 +42,41 @@ def main(argv=None):
     ap.add_argument("--extract", type=int, default=192, help="extractor token budget (extraction.max_new_tokens)")
     ap.add_argument("--lit", action="store_true", help="lit room (default: the preset's dark room)")
     ap.add_argument("--show", type=int, default=3, help="decoded replies / extractor answers to print")
+    ap.add_argument("--no-greedy", action="store_true", help="only the sampled (T=1) rollouts")
+    ap.add_argument("--no-extract", action="store_true", help="skip the extractor")
+    ap.add_argument("--json", default="", help="append one JSON line of the numbers to this file")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="a space-separated override list probed as one variant (repeatable; one process, the "
+                         "weights loaded once); the trailing overrides apply to every variant")
+    ap.add_argument("--adapters", default="",
+                    help="a format-prior cache file (format-prior-<id>.npz): start from base + these adapters "
+                         "instead of the config's own prior (e.g. a prior trained on the dark room, probed lit)")
+    ap.add_argument("overrides", nargs="*", help="config overrides key=value")
     a = ap.parse_args(argv)
+    return [probe(a, a.overrides + v.split()) for v in (a.variant or [""])]
+
+
+def probe(a, overrides: list[str]) -> dict:
     ov = [f"rollout.max_action_tokens={a.reply}", f"env.max_turns={a.turns}", f"extraction.max_new_tokens={a.extract}",
           "extraction.prompt_len=1024", "actor.dtype=float32", "extractor.dtype=float32", "env.num_train_tasks=16",
           "env.num_eval_tasks=4", "rollout.groups=1", "rollout.group_size=2", "bank.capacity=64"]
     if a.lit:
         ov.append("env.params.dark=false")
+    ov += overrides
     cfg = load(os.path.join(ROOT, "experiments", "configs", "smollm2_room.yaml"), ov)
     t0 = time.time()
     rt = L.build(cfg)
+    if a.adapters:
+        from crl_jax.llm import format_prior as fpm
+
+        fpm._MEMO[fpm.format_prior_id(rt.cfg)] = fpm._load(a.adapters, fpm.adapter_template(rt))
+        cfg = dataclasses.replace(cfg, format_prior=dataclasses.replace(cfg.format_prior, enabled=True))
+    t_prior = time.time()
     state = L.init_state(rt, jax.random.key(0), cfg)
+    if cfg.format_prior.enabled:
+        from crl_jax.llm import format_prior as fpm
+
+        print(f"format prior {fpm.format_prior_id(rt.cfg)}: {time.time() - t_prior:.0f}s (trained or loaded)")
     N = a.episodes
     tasks = jnp.arange(N, dtype=jnp.int32) % cfg.env.num_train_tasks
     exp = jnp.zeros((N, cfg.bank.entry_len), jnp.int32)
@@ -56,16 +86,24 @@ def main(argv=None):
     tok = rt.tokenizer
     print(f"build {time.time() - t0:.0f}s; {'lit' if a.lit else 'dark'} room, {N} episodes x {a.turns} turns, "
           f"replies <= {a.reply} tokens")
-    for name, temp in (("sampled (T=1)", 1.0), ("greedy", 0.0)):
+    result = {"room": "lit" if a.lit else "dark", "episodes": N, "turns": a.turns, "reply": a.reply,
+              "overrides": overrides}
+    for name, temp in (("sampled (T=1)", 1.0), ("greedy", 0.0))[: 1 if a.no_greedy else 2]:
         t1 = time.time()
         f = jax.jit(lambda p, k, temp=temp: play(rt, p, k, temperature=temp, **common))
         ep = jax.device_get(f(state.actor.params, jax.random.key(1)))
         played = int(ep.turns.sum())
         print(f"\n{name}: {time.time() - t1:.0f}s; valid answers {played - int(ep.invalid.sum())}/{played} turns, "
               f"success {int(ep.success.sum())}/{N}")
-        rows = np.nonzero(ep.loss_mask[0])[0]
-        if rows.size:
-            print("  episode 0's replies:", repr(tok.decode(ep.tokens[0][rows].tolist())[:600]))
+        tag = "sampled" if temp else "greedy"
+        result[f"{tag}_valid"], result[f"{tag}_turns"] = played - int(ep.invalid.sum()), played
+        result[f"{tag}_success"] = int(ep.success.sum())
+        for i in range(min(a.show, N)):
+            rows = np.nonzero(ep.loss_mask[i])[0]
+            if rows.size:
+                print(f"  episode {i}'s replies:", repr(tok.decode(ep.tokens[i][rows].tolist())[:300]))
+    if a.no_extract:
+        return _write(a.json, result)
     # The extractor on the sampled episodes (no entry retrieved): the distillation's own prompts, sampler
     # and host JSON parser (`crl_jax.llm.distill`), without touching a bank.
     t1 = time.time()
@@ -86,6 +124,18 @@ def main(argv=None):
           f"operations, {n_add} add operations")
     for i in range(min(a.show, N)):
         print("  ", repr(tok.decode(resp[i][: int(rlen[i])].tolist())[:400]))
+    result.update(extract_valid=n_ok, extract_n=N, extract_adds=n_add)
+    return _write(a.json, result)
+
+
+def _write(path: str, result: dict) -> dict:
+    import json
+
+    print("RESULT", json.dumps(result))
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(result) + "\n")
+    return result
 
 if __name__ == "__main__":
     main()

@@ -45,7 +45,8 @@ def test_is_llm_config():
 @pytest.mark.parametrize("reply,action", [
     ("I go <answer>east</answer>", 1), ("<answer> North </answer>", 0), ("<ANSWER>south</ANSWER>", 2),
     ("<answer>west</answer> or <answer>east</answer>", 1), ("<answer>west</answer> <answer>up</answer>", 3),
-    ("east", -1), ("<answer>up</answer>", -1), ("<answer>northeastward</answer>", -1), ("", -1),
+    ("east", 1),  # a bare first move: the prompt ends with the prefilled <answer> (llm_prompt.prefill default)
+    ("northeastward", -1), ("<answer>up</answer>", -1), ("<answer>northeastward</answer>", -1), ("", -1),
     ("<answer>northwest", 7)])
 def test_free_text_actions_through_the_loops_parser(rt, reply, action):
     r, _ = rt
@@ -121,7 +122,9 @@ def test_json_fuzz_through_the_loops_callback(rt):
         assert (out["entry_len"][out["mask"]] > 0).all() and (out["entry_len"] <= cfg.bank.entry_len).all()
         assert not out["mask"][~out["valid"]].any()
         for i in range(0, B, 97):  # spot-check against the host parser on the decoded text
-            assert out["valid"][i] == parse_operations_with_stats(tok.decode(rows[i]))[1].valid
+            # the reply continues the prompt's prefill ('<answer>[' by default): the parser reads both
+            text = r.distill_pieces.prefill + tok.decode(rows[i])
+            assert out["valid"][i] == parse_operations_with_stats(text)[1].valid
         n_valid += int(out["valid"].sum())
     assert 0 < n_valid < 10 * B
     print(f"json callback: {1e3 * host_s / 10:.1f} ms per batch of {B} responses of {R} tokens")

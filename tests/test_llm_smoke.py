@@ -28,8 +28,9 @@ def test_smollm2_smoke_two_iterations(tmp_path, layers):
         "rollout.groups=2", "rollout.group_size=2", "rollout.max_action_tokens=8", "env.max_turns=2",
         "env.num_train_tasks=4", "env.num_eval_tasks=4", "extraction.max_new_tokens=16",
         "extraction.prompt_len=640", "extraction.batch=2", "extraction.buffer_capacity=8", "bank.capacity=16",
-        "bank.entry_len=16", "bank.warmup_steps=1", "extraction.merge_every=2", "extraction.merge=true", "eval.every=0", "eval.tasks=1",
-        "loss.microbatches=1",
+        "bank.entry_len=16", "bank.warmup_steps=1", "extraction.merge_every=2", "extraction.merge=true", "eval.every=0",
+        "eval.tasks=1", "loss.microbatches=1", "format_prior.actor_steps=1", "format_prior.extractor_steps=1",  # the
+        # preset's format prior, one step each (CI time; the pipeline is the same as the preset's 8 + 8)
         f"actor.truncate_layers={layers}", f"extractor.truncate_layers={layers}"])
     t0 = time.time()
     rt = L.build(cfg)

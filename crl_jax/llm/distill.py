@@ -35,8 +35,10 @@ def distill_prompts(rt, task_tokens, task_len, ep, exp, exp_len, has_exp):
 
 def parse_responses(rt, resp, rlen):
     """Host callback: response tokens [N, R] -> op arrays (see `operations_to_arrays`)."""
-    tok = rt.tokenizer
-    return parse_operations_callback(resp, rlen, tok.decode, tok.encode, rt.cfg.bank.entry_len)
+    tok, prefill = rt.tokenizer, rt.distill_pieces.prefill
+    # the prefill (e.g. '<answer>[') ends the prompt: the reply is read as its continuation
+    decode = (lambda ids: prefill + tok.decode(ids)) if prefill else tok.decode
+    return parse_operations_callback(resp, rlen, decode, tok.encode, rt.cfg.bank.entry_len)
 
 
 def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, episodes, keys, exp, exp_len, has_exp,

@@ -38,8 +38,14 @@ def init_state(rt, key, cfg=None) -> tiny.LoopState:
     """Fresh LoopState: pretrained weights (separate copies for actor and extractor), empty bank and buffer."""
     cfg = cfg or rt.cfg
     k_run, k_a, k_e = jax.random.split(key, 3)
-    actor = _model(rt.actor_graphdef, rt.actor_config, rt.actor_weights, jax.random.fold_in(k_a, cfg.actor.init_seed))
-    extractor = _model(rt.extractor_graphdef, rt.extractor_config, rt.extractor_weights,
+    a_w, e_w = rt.actor_weights, rt.extractor_weights
+    if cfg.format_prior.enabled:  # METHOD.md §6: the same format prior for every method (cached)
+        from crl_jax.llm.format_prior import starting_weights
+
+        w = starting_weights(rt)
+        a_w, e_w = w["actor"], w["extractor"]
+    actor = _model(rt.actor_graphdef, rt.actor_config, a_w, jax.random.fold_in(k_a, cfg.actor.init_seed))
+    extractor = _model(rt.extractor_graphdef, rt.extractor_config, e_w,
                        jax.random.fold_in(k_e, cfg.extractor.init_seed))
     bank = bank_lib.init(cfg.bank.capacity, cfg.bank.entry_len, cfg.bank.key_dim)
     if cfg.method == "offline":

@@ -13,6 +13,13 @@ The training row of an episode is head + every turn + every reply; a reply's tok
 ones. When a reply ended with the end-of-turn token, the next `before_obs` leaves that token out (the
 `before_obs_stopped` table), so the conversation holds exactly one.
 
+Variants (`LLMPromptConfig`, measured in experiments/RESULTS.md): a worked example turn between the system
+message and the first real turn (a made-up board answered by `actor_example_reply.txt`), a one-line or a
+think-then-answer instruction, and a prefill (`actor_prefill.txt`) that every assistant message starts
+with: it ends the generation prompt and sits before each reply in the history, so the reply tokens are
+the model's own continuation after it. The extractor gets the same: one worked example game and a
+prefill of its JSON answer.
+
 Extractor distillation prompt: the rendered chat of distill_system / distill_user, with slots GOAL,
 OUTCOME, RETRIEVED (the distill_retrieved block, empty when no entry guided the episode) and
 TRAJECTORY (distill_step per played turn: turn label, observation, move name). The trajectory is cut
@@ -27,6 +34,7 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 
 from crl_jax import prompts
+from crl_jax.config import LLMPromptConfig
 from crl_jax.llm.pieces import (
     Layout,
     chat_text,
@@ -54,6 +62,7 @@ class ActorPieces:
     entry_cap: int
     action_cap: int
     num_turns: int
+    prefill: str = ""  # text every reply starts with (already in the prompt); "" = none
 
     @property
     def head_cap(self) -> int:
@@ -76,17 +85,27 @@ class ActorPieces:
         return self.head_cap + self.hist_len
 
 
+def actor_example(folder: str, think: bool) -> list[tuple[str, str]]:
+    """The worked example turn: (user, assistant) messages on a made-up board (no level of any pool)."""
+    user = prompts.render("actor_turn", folder, goal=prompts.render("actor_example_goal", folder), turn=1,
+                          observation=prompts.render("actor_example_obs", folder))
+    reply = prompts.render("actor_example_reply_think" if think else "actor_example_reply", folder)
+    return [("user", user), ("assistant", reply)]
+
+
 def build_actor_pieces(tok, folder: str, action_names, num_turns: int, *, goal_cap: int, obs_cap: int,
-                       entry_cap: int, action_cap: int) -> ActorPieces:
+                       entry_cap: int, action_cap: int, variant: LLMPromptConfig = LLMPromptConfig()) -> ActorPieces:
     T = num_turns
+    instruction = prompts.render("actor_answer_think" if variant.think else "actor_answer_only", folder)
     system = prompts.render("actor_system", folder, max_turns=T, actions=", ".join(action_names),
-                            experience=slot("EXP"))
-    msgs = [("system", system),
-            ("user", prompts.render("actor_turn", folder, goal=slot("GOAL"), turn=1, observation=slot("OBS0")))]
+                            experience=slot("EXP"), instruction=instruction)
+    prefill = prompts.render("actor_prefill", folder) if variant.prefill else ""
+    msgs = [("system", system)] + (actor_example(folder, variant.think) if variant.example else [])
+    msgs += [("user", prompts.render("actor_turn", folder, goal=slot("GOAL"), turn=1, observation=slot("OBS0")))]
     for t in range(1, T):
-        msgs += [("assistant", slot(f"ACT{t - 1}")),
+        msgs += [("assistant", prefill + slot(f"ACT{t - 1}")),
                  ("user", prompts.render("actor_next_turn", folder, turn=t + 1, observation=slot(f"OBS{t}")))]
-    parts = split_slots(chat_text(tok, msgs, add_generation_prompt=True))
+    parts = split_slots(chat_text(tok, msgs, add_generation_prompt=True) + prefill)
     names = [v for k, v in parts if k == "slot"]
     want = ["OBS0"] + [x for t in range(1, T) for x in (f"ACT{t - 1}", f"OBS{t}")]
     if sorted(names[:2]) != ["EXP", "GOAL"] or names[2:] != want:
@@ -109,7 +128,8 @@ def build_actor_pieces(tok, folder: str, action_names, num_turns: int, *, goal_c
     pre, post = sub_layout(tok, "actor_experience", folder, "entry")
     return ActorPieces(head=head, exp_pre=pre, exp_post=post, before_obs=token_table(tok, before),
                        before_obs_stopped=token_table(tok, stopped), after_obs=token_table(tok, after),
-                       goal_cap=goal_cap, obs_cap=obs_cap, entry_cap=entry_cap, action_cap=action_cap, num_turns=T)
+                       goal_cap=goal_cap, obs_cap=obs_cap, entry_cap=entry_cap, action_cap=action_cap, num_turns=T,
+                       prefill=prefill)
 
 
 def actor_head(p: ActorPieces, exp, exp_len, has_exp, goal, goal_len):
@@ -143,6 +163,7 @@ class DistillPieces:
     obs_cap: int
     entry_cap: int
     num_turns: int
+    prefill: str = ""  # text every reply starts with (already in the prompt; the parser prepends it)
 
     @property
     def fixed_capacity(self) -> int:
@@ -156,12 +177,23 @@ class DistillPieces:
                                  + int(self.action_names[0].shape[1]) + int(self.step_post[0].shape[0]))
 
 
+def distill_example(folder: str) -> list[tuple[str, str]]:
+    """The extractor's worked example: a one-turn won game on the actor's example board, and its answer."""
+    step = prompts.render("distill_step", folder, turn=1, observation=prompts.render("actor_example_obs", folder),
+                          action="northeast")
+    user = prompts.render("distill_user", folder, goal=prompts.render("actor_example_goal", folder),
+                          outcome=prompts.render("outcome_success", folder), retrieved="", trajectory=step)
+    return [("user", user), ("assistant", prompts.render("distill_example_reply", folder))]
+
+
 def build_distill_pieces(tok, folder: str, action_names, num_turns: int, *, goal_cap: int, obs_cap: int,
-                         entry_cap: int) -> DistillPieces:
+                         entry_cap: int, variant: LLMPromptConfig = LLMPromptConfig()) -> DistillPieces:
     user = prompts.render("distill_user", folder, goal=slot("GOAL"), outcome=slot("OUTCOME"),
                           retrieved=slot("RETRIEVED"), trajectory=slot("TRAJECTORY"))
-    text = chat_text(tok, [("system", prompts.render("distill_system", folder)), ("user", user)],
-                     add_generation_prompt=True)
+    example = distill_example(folder) if variant.extractor_example else []
+    prefill = prompts.render("distill_prefill", folder) if variant.extractor_prefill else ""
+    text = chat_text(tok, [("system", prompts.render("distill_system", folder))] + example + [("user", user)],
+                     add_generation_prompt=True) + prefill
     layout = Layout.from_text(tok, text)
     if sorted(layout.slots) != ["GOAL", "OUTCOME", "RETRIEVED", "TRAJECTORY"]:
         raise ValueError(f"distill prompt templates: fields {layout.slots}, expected each of goal, outcome, "
@@ -177,7 +209,7 @@ def build_distill_pieces(tok, folder: str, action_names, num_turns: int, *, goal
     return DistillPieces(layout=layout, outcome=outcome, ret_pre=ret_pre, ret_post=ret_post,
                          step_pre=token_table(tok, list(pres)), step_mid=token_row(tok, mids[0]),
                          step_post=token_row(tok, posts[0]), action_names=names, goal_cap=goal_cap,
-                         obs_cap=obs_cap, entry_cap=entry_cap, num_turns=num_turns)
+                         obs_cap=obs_cap, entry_cap=entry_cap, num_turns=num_turns, prefill=prefill)
 
 
 def _three(text: str):

@@ -3,7 +3,8 @@
 `play(rt, params, key, ...)` plays N episodes in lock-step for T turns (`lax.scan` over turns, envs
 vmapped). Each turn the actor's prompt is head + history (see `crl_jax.llm.prompt_pieces`), packed into
 a static [N, P] buffer; the sampler generates up to `rollout.max_action_tokens` tokens (stopping at the
-end-of-turn token); `<answer>NAME</answer>` is parsed on device (`crl_jax.envs.actions`); a reply with
+end-of-turn token, or with a prefilled `<answer>` after its `</answer>`); the move is parsed on device
+(`crl_jax.llm.answer`: `<answer>NAME</answer>`, or a bare first move after the prefill); a reply with
 no valid move is the invalid action -1, which consumes the turn and leaves the env unchanged. The
 reply tokens, their behaviour log-probs and a loss mask are appended to the history, so the final
 history *is* the training row: every reply is trained in the context it was generated in.
@@ -61,7 +62,8 @@ def play(rt, params, key, *, env, renderer, tasks, task_tokens, task_len, exp, e
     P, H, A = p.prompt_len, p.hist_len, cfg.rollout.max_action_tokens
     eos = rt.tokenizer.eos_id
     pad = rt.tokenizer.pad_id
-    scfg = SamplerConfig(max_new_tokens=A, temperature=temperature, stop_tokens=(eos,), pad_id=pad)
+    scfg = SamplerConfig(max_new_tokens=A, temperature=temperature, stop_tokens=rt.actor_stop_tokens or (eos,),
+                         pad_id=pad)
     reset_keys = episode_reset_keys(key, N) if reset_keys is None else reset_keys
     k_play = jax.random.fold_in(key, 1)
     states, _ = jax.vmap(env.reset)(reset_keys, tasks)

@@ -27,7 +27,7 @@ from flax import nnx
 from crl_jax import envs
 from crl_jax import train_state as ts
 from crl_jax.config import Config, ConfigError, DistributedConfig, to_dict
-from crl_jax.envs.actions import make_answer_parser
+from crl_jax.llm.answer import make_reply_parser, reply_stop_tokens
 from crl_jax.envs.render import make_token_renderer
 from crl_jax.llm.merge import prompt_len as merge_prompt_len
 from crl_jax.llm.prompt_pieces import (
@@ -117,6 +117,7 @@ class LLMRuntime:
     co_update: Any
     actor_tx: Any
     extractor_tx: Any
+    actor_stop_tokens: tuple = ()  # token ids that end an actor reply (crl_jax.llm.answer.reply_stop_tokens)
 
     @property
     def vocab_size(self) -> int:
@@ -214,9 +215,9 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
     etok_, elen = _pad(ev_rows, width)
     apieces = build_actor_pieces(tok, cfg.prompts, env.action_names, T, goal_cap=width,
                                  obs_cap=renderer.max_len, entry_cap=cfg.bank.entry_len,
-                                 action_cap=cfg.rollout.max_action_tokens)
+                                 action_cap=cfg.rollout.max_action_tokens, variant=cfg.llm_prompt)
     dpieces = build_distill_pieces(tok, cfg.prompts, env.action_names, T, goal_cap=width, obs_cap=renderer.max_len,
-                                   entry_cap=cfg.bank.entry_len)
+                                   entry_cap=cfg.bank.entry_len, variant=cfg.llm_prompt)
     if dpieces.fixed_capacity > cfg.extraction.prompt_len:
         raise ConfigError(f"extraction.prompt_len: {cfg.extraction.prompt_len} tokens cannot hold the distillation "
                           f"prompt's fixed parts ({dpieces.fixed_capacity} tokens); raise it")
@@ -243,10 +244,10 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
                       eval_renderer=eval_renderer, train_task_tokens=ttok, train_task_len=tlen,
                       eval_task_tokens=etok_, eval_task_len=elen, actor_pieces=apieces, distill_pieces=dpieces,
                       merge_pieces=mpieces,
-                      answer_parser=make_answer_parser(env, tok), actor_graphdef=agd, extractor_graphdef=egd,
+                      answer_parser=make_reply_parser(env, tok, apieces.prefill), actor_graphdef=agd, extractor_graphdef=egd,
                       actor_config=acfg, extractor_config=ecfg, actor_weights=a_host, extractor_weights=e_host,
                       embedder=HashedNgramEmbedder(dim=cfg.bank.key_dim), num_turns=T, co_update=co_update,
-                      actor_tx=tx_a, extractor_tx=tx_e)
+                      actor_tx=tx_a, extractor_tx=tx_e, actor_stop_tokens=reply_stop_tokens(tok, apieces.prefill))
 
 
 @functools.lru_cache(maxsize=4)

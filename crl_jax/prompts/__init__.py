@@ -2,9 +2,17 @@
 
 Files (this folder, or any folder with the same names given as `Config.prompts`):
 
-- `actor_system.txt` ($max_turns, $actions, $experience), `actor_experience.txt` ($entry: the retrieved
+- `actor_system.txt` ($max_turns, $actions, $experience, $instruction: `actor_answer_only.txt` or, with
+  `llm_prompt.think`, `actor_answer_think.txt`), `actor_experience.txt` ($entry: the retrieved
   entry; the whole block is left out for free rollouts), `actor_turn.txt` ($goal, $turn, $observation:
   the first user message), `actor_next_turn.txt` ($turn, $observation: later user messages);
+- the actor's worked example turn (`llm_prompt.example`): `actor_example_goal.txt` and `actor_example_obs.txt`
+  (a made-up board, no level of any pool) shown through `actor_turn.txt`, answered by `actor_example_reply.txt` (or
+  `actor_example_reply_think.txt`); `actor_prefill.txt`: the text every reply starts with
+  (`llm_prompt.prefill`);
+- the extractor's worked example (`llm_prompt.extractor_example`): a one-turn game on the example board
+  through `distill_user.txt`, answered by `distill_example_reply.txt`; `distill_prefill.txt`: the text its
+  replies start with (`llm_prompt.extractor_prefill`);
 - `distill_system.txt`, `distill_user.txt` ($goal, $outcome, $retrieved, $trajectory),
   `distill_retrieved.txt` ($entry; left out when no entry guided the episode), `distill_step.txt`
   ($turn, $observation, $action: one turn of the trajectory), `outcome_success.txt` / `outcome_failure.txt`
@@ -28,7 +36,9 @@ import string
 FOLDER = os.path.dirname(os.path.abspath(__file__))
 NAMES = ("actor_system", "actor_experience", "actor_turn", "actor_next_turn", "distill_system", "distill_user",
          "distill_retrieved", "distill_step", "outcome_success", "outcome_failure", "invalid_action", "merge_system",
-         "merge_user", "merge_context", "merge_entry")
+         "merge_user", "merge_context", "merge_entry", "actor_answer_only", "actor_answer_think",
+         "actor_example_goal", "actor_example_obs", "actor_example_reply", "actor_example_reply_think", "actor_prefill",
+         "distill_example_reply", "distill_prefill")
 
 
 def folder(custom: str = "") -> str:
