@@ -147,8 +147,9 @@ class PretrainConfig:
     aux_coef: float = 1.0  # prior-preserving auxiliary loss (PPO-ptx style): each update adds this times
     #                        the prior's supervised loss on fresh synthetic rows; the same for every method
     aux_rows: int = 64  # synthetic rows per update in the auxiliary loss
-    aux_op_weight: float = 1.0  # weight of the extractor prior's uniform ADD / RETURN target inside the
-    #                             auxiliary loss (1 = the prior's own loss; 0 = only the copy skill is kept)
+    aux_op_weight: float = 0.0  # weight of the extractor prior's uniform ADD / RETURN target inside the
+    #                             auxiliary loss (1 = the prior's own loss; 0 = only the copy skill is kept,
+    #                             when to write is left to RL)
     cache_dir: str = ""  # where priors are cached ("" = $CRL_JAX_CACHE or ~/.cache/crl_jax/priors)
 
 
