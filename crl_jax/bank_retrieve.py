@@ -81,12 +81,13 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
     recent = (last >= 0) & (step - last < recent_steps)
     uses = bank.times_retrieved[cand_idx].astype(jnp.float32)
     # rank + recent is an exact small integer, so candidates whose usage is equal tie exactly and the
-    # lower rank wins, independent of float rounding order.
+    # lower rank (with shared ties: the lower candidate position, or the random draw below) wins,
+    # independent of float rounding order.
     int_penalty = rank + recent.astype(jnp.float32)
     score = -int_penalty - diversity_lambda * jnp.log1p(uses)
     if shared_ties and rng is not None:
-        # < 1e-3: below any rank (1), usage (lambda * log((n + 2) / (n + 1)) >= 0.004 for n < 100) or
-        # recency (1) difference, so it only orders exact ties
+        # < 1e-3: below any rank (1) or recency (1) difference and, at the default lambda = 0.4, below any
+        # usage difference (lambda * log((n + 2) / (n + 1)) >= 0.004 for n < 100), so it orders exact ties
         score = score + 1e-3 * jax.random.uniform(jax.random.fold_in(rng, 1), score.shape)
     score = jnp.where(cand_ok, score, -jnp.inf)
 
