@@ -1,7 +1,10 @@
-"""Why the format prior's extractor answers `return`: P(first op word) at the op position, base vs format prior,
-on held-out synthetic distillation rows (key 123). Usage: python experiments/llm_op_probe.py (reads the
-format-prior cache of experiments/llm_probe.py's dark run in /tmp/crl_fp_cache)."""
+"""Why the format prior's extractor answers `return`: P(op token) at the op position, base vs format prior,
+on held-out synthetic distillation rows (key 123). The op token is `format_prior.op_target`'s: the first
+token where the add and the return targets differ (SmolLM2: 'add' 2104 / 'return' 5406, after ' "').
+Usage: python experiments/llm_op_probe.py [ADAPTERS.npz] (default: the format-prior cache of
+experiments/llm_probe.py's dark run in /tmp/crl_fp_cache)."""
 import glob
+import sys
 import jax, jax.numpy as jnp, numpy as np
 
 import crl_jax.llm as L
@@ -14,12 +17,13 @@ ov = ["env.max_turns=1", "actor.dtype=float32", "extractor.dtype=float32", "env.
 cfg = load("experiments/configs/smollm2_room.yaml", ov)
 rt = L.build(cfg)
 tok = rt.tokenizer
-ad = fpm._load(glob.glob("/tmp/crl_fp_cache/format-prior-*.npz")[0], fpm.adapter_template(rt))
+path = sys.argv[1] if len(sys.argv) > 1 else glob.glob("/tmp/crl_fp_cache/format-prior-*.npz")[0]
+ad = fpm._load(path, fpm.adapter_template(rt))
 base = jax.tree_util.tree_map(jnp.asarray, rt.extractor_weights)
 s = lora.scale(cfg.lora.rank, cfg.lora.alpha)
 toks, mask = jax.jit(lambda k: fpm.extractor_rows(rt, k, 8))(jax.random.key(123))
-add_id, ret_id = tok.encode(' "add')[0], tok.encode(' "return')[0]
-print("op tokens", tok.encode('{"op": "add"'), tok.encode('{"op": "return"'))
+off, (A, R), _ = fpm.op_target(rt)
+print("op token", off, "from the target's start:", [tok.token_text(int(i)) for i in (A, R)], (int(A), int(R)))
 @jax.jit
 def probs(p, t, n):
     lg = tr.apply(rt.extractor_graphdef, p, t[None])[0, n - 1]
@@ -29,12 +33,6 @@ for i in range(8):
     t, m = np.asarray(toks[i]), np.asarray(mask[i])
     st = int(np.argmax(m))
     tgt = tok.decode(t[m].tolist())
-    ids = t.tolist()
-    # j: the position of the op word ('add' / 'return') in the target
-    for j in range(st, st + 12):
-        w = tok.token_text(ids[j])
-        if "add" in w or "return" in w:
-            break
+    j = st + off  # the op token's position
     pb = probs(base, jnp.asarray(t), j); pp = probs(merged, jnp.asarray(t), j)
-    A, R = tok.encode("add")[0], tok.encode("return")[0]  # single tokens of SmolLM2
     print(f"target {tgt[:24]!r}: base P(add) {float(pb[A]):.3f} P(return) {float(pb[R]):.3f} | prior P(add) {float(pp[A]):.3f} P(return) {float(pp[R]):.3f}")

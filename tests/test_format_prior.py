@@ -84,3 +84,25 @@ def test_fit_moves_only_adapters_cache_and_starting_weights(rt, tmp_path):
     assert fpm.format_prior_id(dataclasses.replace(c, seed=3, method="grpo")) == fpm.format_prior_id(c)
     assert fpm.format_prior_id(dataclasses.replace(c, lora=dataclasses.replace(c.lora, rank=4))) != \
         fpm.format_prior_id(c)
+
+
+def test_op_token_is_scored_against_the_data_op_distribution(rt):
+    """v2 loss: the extractor's op token (first token where the add and return targets differ) is scored
+    by the cross-entropy against (ADD_P, 1 - ADD_P); with the row's own draw as one-hot it is the hard loss."""
+    off, ids, probs = fpm.op_target(rt)
+    tok = rt.tokenizer
+    assert [tok.token_text(int(i)) for i in ids] == ["add", "return"] and off == 4
+    np.testing.assert_allclose(probs, [2 / 3, 1 / 3])
+    toks, mask = jax.jit(lambda k: fpm.extractor_rows(rt, k, 6))(jax.random.key(1))
+    start = np.argmax(np.asarray(mask), 1)
+    op = np.asarray(toks)[np.arange(6), start + off]
+    assert set(op.tolist()) <= set(ids.tolist())
+    gd, p = tr.split(tr.create(rt.extractor_config, jax.random.key(0)))
+    cap = fpm.reply_cap(rt, "extractor")
+    f = jax.jit(lambda t, m, sp: fpm.nll(gd, p, t, m, cap, (off, ids, sp)))
+    for i in range(6):  # one-hot on the row's own op: the hard loss
+        t, m = toks[i:i + 1], mask[i:i + 1]
+        hard = fpm.nll(gd, p, t, m, cap)
+        onehot = jnp.asarray([1.0, 0.0] if op[i] == ids[0] else [0.0, 1.0])
+        np.testing.assert_allclose(f(t, m, onehot), hard, rtol=1e-5)
+        assert abs(float(f(t, m, 1 - onehot)) - float(hard)) > 1e-4  # the other op: a different loss

@@ -42,7 +42,10 @@ from crl_jax.models import transformer as tr
 from crl_jax.packing import pack_segments
 from crl_jax.pretrain import _load, _random_obs, _save, cache_dir
 
-FORMAT_PRIOR_VERSION = 1  # bump when the synthetic data change: old caches then miss
+FORMAT_PRIOR_VERSION = 2  # bump when the synthetic data or the loss change: old caches then miss
+# v2: the extractor's op token is scored against the data's op distribution (ADD_P add, 1 - ADD_P return)
+# on every row, not against the row's own draw (see `op_target`); v1 learnt `return` only (issue #17)
+ADD_P = 2.0 / 3.0  # share of `add` targets in the synthetic distillation rows
 MAX_PRIOR_TURNS = 2  # synthetic distillation trajectories: 1..2 turns (the prompt stays short)
 # Lesson words: generic, level-free vocabulary (a lesson made of them is random text, not advice).
 WORDS = ("wall", "room", "stairs", "corner", "move", "turn", "door", "floor", "path", "edge", "early", "late",
@@ -168,7 +171,7 @@ def extractor_rows(rt, key, n: int):
         lesson = _lesson(rt, ks[5], rt.cfg.bank.entry_len)
         add, add_len = pack_segments([t["add_open"], lesson, t["add_close"]], size=R)
         ret, ret_len = pack_segments([t["return"]], size=R)
-        is_add = jax.random.uniform(ks[6]) < 2.0 / 3.0
+        is_add = jax.random.uniform(ks[6]) < ADD_P
         reply = jnp.where(is_add, add, ret)
         return _teacher_forced(prompt, plen, reply, jnp.where(is_add, add_len, ret_len), budget + R)
 
@@ -194,10 +197,26 @@ def reply_cap(rt, which: str) -> int:
     return rt.cfg.bank.entry_len + int(t["add_open"][0].shape[0]) + int(t["add_close"][0].shape[0])
 
 
-def nll(graphdef, params, tokens, mask, cap: int):
+def op_target(rt):
+    """(offset, ids [2], probs [2]): the extractor target's op token — the first token where the `add` and
+    the `return` targets differ (offset from the target's start) — its two ids and the data's op
+    distribution (ADD_P, 1 - ADD_P)."""
+    t = rt_tables(rt)
+    (a, na), (r, nr) = t["add_open"], t["return"]
+    a, r = np.asarray(a)[:int(na)].tolist(), np.asarray(r)[:int(nr)].tolist()
+    off = next(i for i in range(min(len(a), len(r))) if a[i] != r[i])
+    return off, np.array([a[off], r[off]], np.int32), np.array([ADD_P, 1.0 - ADD_P], np.float32)
+
+
+def nll(graphdef, params, tokens, mask, cap: int, soft=None):
     """Mean negative log-likelihood of the masked target tokens (teacher forcing). Only the `cap`
     positions from the target's start are unembedded: [B, cap, V] logits instead of [B, W, V] (the
-    prompts are ~20x longer than the targets; V = 49,152 for SmolLM2)."""
+    prompts are ~20x longer than the targets; V = 49,152 for SmolLM2).
+
+    `soft` = (offset, ids [K], probs [K]) (`op_target`): the token at `offset` from the target's start is
+    scored by the cross-entropy against the distribution `probs` over `ids` instead of the row's own
+    draw (the expected loss over the draw: its optimum is `probs` on every row, whatever the few rows of
+    a batch drew; the tokens after it stay teacher-forced on the row's draw)."""
     model = tr.merge(graphdef, params)
     h = model(tokens, return_hidden=True)  # [B, W, H]
     start = jnp.argmax(mask, axis=1)  # first target position
@@ -205,20 +224,25 @@ def nll(graphdef, params, tokens, mask, cap: int):
     logits = model.unembed(jnp.take_along_axis(h, pos[..., None], axis=1))  # [B, cap, V] float32
     tgt = jnp.take_along_axis(tokens, pos + 1, axis=1)
     m = jnp.take_along_axis(mask, pos + 1, axis=1) & (start[:, None] - 1 + jnp.arange(cap)[None, :] == pos)
-    lp = jnp.take_along_axis(logits, tgt[..., None], -1)[..., 0] - jax.nn.logsumexp(logits, -1)
+    lse = jax.nn.logsumexp(logits, -1)
+    lp = jnp.take_along_axis(logits, tgt[..., None], -1)[..., 0] - lse
+    if soft is not None:
+        off, ids, probs = soft
+        op_lp = (jnp.asarray(probs) * (logits[:, off][:, jnp.asarray(ids)] - lse[:, off, None])).sum(-1)  # [B]
+        lp = lp.at[:, off].set(op_lp)
     m = m.astype(jnp.float32)
     return -(lp * m).sum() / jnp.maximum(m.sum(), 1.0)
 
 
-def fit(graphdef, base, adapters, rows_fn, key, steps: int, lr: float, s: float, cap: int):
+def fit(graphdef, base, adapters, rows_fn, key, steps: int, lr: float, s: float, cap: int, soft=None):
     """`steps` Adam steps on the adapters only (base frozen, an argument of the compiled step, never
-    updated) -> (adapters, losses [steps])."""
+    updated) -> (adapters, losses [steps]); `soft`: see `nll`."""
     tx = optax.adam(lr)
 
     @jax.jit
     def step(b, ad, opt, k):
         toks, mask = rows_fn(k)
-        loss, g = jax.value_and_grad(lambda a: nll(graphdef, lora.merge(b, a, s), toks, mask, cap))(ad)
+        loss, g = jax.value_and_grad(lambda a: nll(graphdef, lora.merge(b, a, s), toks, mask, cap, soft))(ad)
         u, opt = tx.update(g, opt, ad)
         return optax.apply_updates(ad, u), opt, loss
 
@@ -271,7 +295,7 @@ def train_format_prior(rt, log=None):
         # activations of 30 blocks x ~1k-token prompts would not fit a CPU's memory otherwise
         gd = nnx.graphdef(nnx.eval_shape(lambda c=mcfg: tr.create(c.replace(remat=True), jax.random.key(0))))
         ad, losses = fit(gd, base, ad, lambda k, rows=rows: rows(rt, k, fp.batch), k_data, steps, fp.lr, s,
-                         reply_cap(rt, name))
+                         reply_cap(rt, name), soft=op_target(rt) if name == "extractor" else None)
         out[name] = ad
         if losses:
             if log:
