@@ -285,29 +285,34 @@ def _load(path: str, template: dict):
     return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(a, t.dtype) for a, t in zip(arrs, leaves)])
 
 
+def cached_or_trained(path: str, template, train, *, what: str, id_key: str, pid: str, log=None):
+    """The params of `path` (an npz shaped like `template`), or `train()` -> (params, metrics) saved there.
+
+    Shared by the tiny prior and the LLM format prior. Training takes a minute or more, once per id: it is
+    announced on stderr (or through `log`) rather than stalling a progress bar silently."""
+    say = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    if os.path.exists(path):
+        try:
+            return _load(path, template)
+        except (OSError, ValueError, KeyError) as e:
+            say(f"{what} cache {path} unreadable ({e}); retraining")
+    say(f"training the {what} {pid} (synthetic data only, once; cached in {os.path.dirname(path)})")
+    params, metrics = train(say)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    _save(path, params, {id_key: pid, **metrics})
+    return params
+
+
 def prior_params(rt, log=None) -> dict:
     """The cached prior of `rt.cfg` ({"actor", "extractor"} params), trained on first use."""
     pid = prior_id(rt.cfg)
     if pid in _MEMO:
         return _MEMO[pid]
-    path = os.path.join(cache_dir(rt.cfg), f"prior-{pid}.npz")
     template = {"actor": tr.split(tr.create(rt.actor_config, jax.random.key(0)))[1],
                 "extractor": tr.split(tr.create(rt.extractor_config, jax.random.key(0)))[1]}
-    params = None
-    if os.path.exists(path):
-        try:
-            params = _load(path, template)
-        except (OSError, ValueError, KeyError) as e:
-            (log or print)(f"prior cache {path} unreadable ({e}); retraining")
-    if params is None:
-        # about a minute on 2 CPU cores, once per prior: say so (stderr) rather than stall a progress bar
-        (log or (lambda m: print(m, file=sys.stderr, flush=True)))(
-            f"training the prior {pid} (synthetic data only, once; cached in {os.path.dirname(path)})")
-        params, metrics = train_prior(rt)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        _save(path, params, {"prior_id": pid, **metrics})
-    _MEMO[pid] = params
-    return params
+    _MEMO[pid] = cached_or_trained(os.path.join(cache_dir(rt.cfg), f"prior-{pid}.npz"), template,
+                                   lambda say: train_prior(rt), what="prior", id_key="prior_id", pid=pid, log=log)
+    return _MEMO[pid]
 
 
 def _stacked(rows: PriorRows, steps: int) -> PriorRows:

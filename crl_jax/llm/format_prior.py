@@ -26,7 +26,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +39,7 @@ from crl_jax.llm.prompt_pieces import actor_head, distill_prompt, user_turn
 from crl_jax.models import lora
 from crl_jax.models import transformer as tr
 from crl_jax.packing import pack_segments
-from crl_jax.pretrain import _load, _random_obs, _save, cache_dir
+from crl_jax.pretrain import _load, _random_obs, cache_dir, cached_or_trained  # noqa: F401  (_load: probes)
 
 FORMAT_PRIOR_VERSION = 2  # bump when the synthetic data or the loss change: old caches then miss
 # v2: the extractor's op token is scored against the data's op distribution (ADD_P add, 1 - ADD_P return)
@@ -320,22 +319,10 @@ def format_prior_adapters(rt, log=None) -> dict:
     pid = format_prior_id(rt.cfg)
     if pid in _MEMO:
         return _MEMO[pid]
-    template = adapter_template(rt)
     path = os.path.join(cache_dir(rt.cfg), f"format-prior-{pid}.npz")
-    ad = None
-    if os.path.exists(path):
-        try:
-            ad = _load(path, template)
-        except (OSError, ValueError, KeyError) as e:
-            (log or print)(f"format prior cache {path} unreadable ({e}); retraining")
-    if ad is None:
-        say = log or (lambda m: print(m, file=sys.stderr, flush=True))
-        say(f"training the format prior {pid} (synthetic replies only, once; cached in {os.path.dirname(path)})")
-        ad, metrics = train_format_prior(rt, log=say)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        _save(path, ad, {"format_prior_id": pid, **metrics})
-    _MEMO[pid] = ad
-    return ad
+    _MEMO[pid] = cached_or_trained(path, adapter_template(rt), lambda say: train_format_prior(rt, log=say),
+                                   what="format prior", id_key="format_prior_id", pid=pid, log=log)
+    return _MEMO[pid]
 
 
 def starting_weights(rt, log=None) -> dict:
