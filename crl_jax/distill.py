@@ -32,7 +32,7 @@ class DistillOut(NamedTuple):
     n_update: jax.Array
     n_return: jax.Array
     n_invalid: jax.Array
-    n_add_failed: jax.Array = None  # adds / updates written from failed episodes (what RL should learn to avoid)
+    n_add_failed: jax.Array  # adds / updates written from failed episodes (what RL should learn to avoid)
 
 
 def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, has_exp):

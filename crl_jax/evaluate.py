@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from crl_jax.experience import query_keys, retrieve_entries
 from crl_jax.rollout import episode_reset_keys, play
 
 EVAL_KEY = 1234  # evaluation episodes use a fixed key: the same levels and env randomness every time
@@ -21,8 +22,6 @@ def pool_setup(rt, state, heldout: bool):
     """The evaluation episodes of one pool, shared by the tiny and the LLM path: (env, renderer, key, tasks [n],
     task tokens [n, Lt], lengths [n], retrieved exp [n, L], exp_len [n], has [n]) — the first n tasks, a
     fixed key, plain top-1 retrieval (no diversity bookkeeping) for methods with a bank."""
-    from crl_jax.loop import query_keys, retrieve_entries
-
     env = rt.eval_env if heldout else rt.env
     renderer = rt.eval_renderer if heldout else rt.renderer
     n = min(rt.cfg.eval.tasks, env.num_tasks)

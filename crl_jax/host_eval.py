@@ -10,7 +10,8 @@ The 2n episodes run through the training turn function's batch of N games, in ch
 last chunk padded with copies of its first row, whose results are dropped): no extra game instances
 beyond N per pool and one compiled turn shape. With greedy actions (the default) chunking changes
 nothing; with sampled evaluation the draws depend on the row's place in its chunk (still deterministic).
-Methods without a bank (grpo) play only the n episodes without experience.
+Methods without a bank (grpo) play only the n episodes without experience. The four metrics are
+`crl_jax.evaluate.evaluate_all` over this `evaluate_pool` (as on every path).
 """
 
 from __future__ import annotations
@@ -19,13 +20,7 @@ import jax
 import numpy as np
 
 from crl_jax.evaluate import EVAL_KEY
-from crl_jax.host_loop import (
-    compiled,
-    eval_size,
-    games_of,
-    play_host,
-    seeds_from_key_data,
-)
+from crl_jax.host_play import compiled, eval_size, games_of, play_host, seeds_from_key_data
 from crl_jax.rollout import episode_reset_keys
 
 
@@ -79,14 +74,4 @@ def _pad(N, *arrays):
         if len(a) < N:
             a = np.concatenate([a, np.repeat(a[:1], N - len(a), axis=0)])
         out.append(a)
-    return out
-
-
-def evaluate_all(rt, state) -> dict:
-    """The four `loop.EVAL_KEYS` as float32 scalars (with-experience keys NaN for methods without a bank)."""
-    out = {}
-    for pool, heldout in (("heldin", False), ("heldout", True)):
-        with_exp, without = evaluate_pool(rt, state, heldout=heldout)
-        out[f"eval_{pool}_with_exp"] = np.float32(with_exp)
-        out[f"eval_{pool}_without_exp"] = np.float32(without)
     return out

@@ -1,21 +1,25 @@
-"""The Complementary RL loop: `LoopState`, one compiled `iteration`, and the pure `train`.
+"""The Complementary RL loop, once for every path: `LoopState`, one `iteration`, the evaluation schedule,
+the scanned chunk and the pure `train`.
 
-`iteration(rt, state) -> (state, metrics)` is METHOD.md §2 as one pure function:
+`iteration(rt, state) -> (state, metrics)` is METHOD.md §2 as one pure function; `rt.backend`
+(`crl_jax.backend`) supplies what depends on the models and the environment:
 
  1. sample G training tasks, K rollouts each; the first K/2 of a group are guided (retrieve one entry),
     the rest free (never see bank content); GRPO and warm-up steps have no guided rollouts;
- 2. query = hashed embedding of the task text + first observation; retrieval with diversity re-ranking;
- 3. multi-turn rollouts (`crl_jax.rollout.play`);
+ 2. query = embedding of the task text + first observation; retrieval with diversity re-ranking
+    (`crl_jax.experience`);
+ 3. multi-turn rollouts (`backend.play`);
  4. extractor credit: each guided outcome (+1/-1) goes to the entry that guided it, and the per-entry
-    reward to the extractor sample that last wrote the entry (before this step's edits);
- 5. distillation of every (or every guided) episode and bank edits in a fixed order;
+    reward to the extractor sample that last wrote the entry (before this step's edits); pruning;
+ 5. distillation of every (or every guided) episode and bank edits in a fixed order (`backend.distill`);
  6. actor batch (split GRPO) and extractor batch (CISPO, when the buffer holds a ready batch), one
     `co_update`;
- 7. merge every `merge_every` steps.
+ 7. merge every `merge_every` steps (`backend.merge`).
 
 `train(cfg, key)` = init + `lax.scan(iteration)`; `jax.vmap(lambda k: train(cfg, k)[1])(keys)` runs a seed
 sweep as one program. The CLI runs the same `iteration` in scanned chunks between checkpoints, so a
-resumed run is identical to an uninterrupted one.
+resumed run is identical to an uninterrupted one. Host-side environments (`crl_jax.host_loop`) run
+`prepare` and `finish` as jitted pieces around rollouts played on the host.
 """
 
 from __future__ import annotations
@@ -25,20 +29,18 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import nnx, struct
+from flax import struct
 
 from crl_jax import bank as bank_lib
 from crl_jax import buffer as buffer_lib
-from crl_jax import pretrain, rewards
+from crl_jax import rewards
 from crl_jax import train_state as ts
-from crl_jax.batches import actor_batch, extractor_batch
-from crl_jax.distill import distill
+from crl_jax.bank_io import load_jsonl
+from crl_jax.config import ConfigError
 from crl_jax.evaluate import evaluate_all
-from crl_jax.merge_step import maybe_merge, merge_prompt_len, merge_response_len
-from crl_jax.models import transformer as tr
-from crl_jax.packing import pack_segments
-from crl_jax.rollout import Episodes, first_observation, play
-from crl_jax.runtime import Runtime
+from crl_jax.experience import guided_mask, query_from_observation, retrieve_entries
+from crl_jax.rollout import first_observation
+from crl_jax.runtime import Runtime, build
 
 
 @struct.dataclass
@@ -75,76 +77,28 @@ class LoopState:
 
 
 def init_state(rt: Runtime, key, cfg=None) -> LoopState:
-    """Fresh state from a run key. `cfg` (default `rt.cfg`) sets the method flags and the offline bank."""
+    """Fresh state from a run key: the backend's starting models (`rt.backend.init_models`), an empty bank
+    (or the offline bank file), an empty sample buffer. `cfg` (default `rt.cfg`) sets the method flags."""
     cfg = cfg or rt.cfg
+    be = rt.backend
     k_run, k_a, k_e = jax.random.split(key, 3)
-    actor = tr.create(rt.actor_config, jax.random.fold_in(k_a, cfg.actor.init_seed))
-    extractor = tr.create(rt.extractor_config, jax.random.fold_in(k_e, cfg.extractor.init_seed))
-    if cfg.pretrain.enabled:  # every method and seed starts from the same prior (METHOD.md §6)
-        with jax.ensure_compile_time_eval():  # trained (or loaded) once on the host, never inside a trace
-            prior = pretrain.prior_params(rt)
-        nnx.update(actor, prior["actor"])
-        nnx.update(extractor, prior["extractor"])
-    # Merge generations share the buffer with distillations: room for both.
-    resp_len = max(cfg.extraction.max_new_tokens, merge_response_len(cfg))
-    prompt_len = max(cfg.extraction.prompt_len, merge_prompt_len(cfg, rt.merge_pieces))
+    actor, extractor = be.init_models(rt, cfg, k_a, k_e)
+    prompt_len, resp_len = be.buffer_dims(rt, cfg)
     bank = bank_lib.init(cfg.bank.capacity, cfg.bank.entry_len, cfg.bank.key_dim)
-    if cfg.method == "offline":
-        bank = load_offline_bank(rt, bank, cfg.bank.offline_path)
-    return LoopState(
+    if cfg.method == "offline":  # fill the bank from a JSON-lines file written by `crl-jax bank export`
+        bank = load_jsonl(bank, rt.tokenizer, cfg.bank.offline_path, rt.embedder)
+    state = LoopState(
         flags=MethodFlags.from_config(cfg),
         actor=ts.create_train_state(actor, rt.actor_tx),  # the Runtime's optimizers: one compiled program
         extractor=ts.create_train_state(extractor, rt.extractor_tx),
         bank=bank,
         buffer=buffer_lib.init(cfg.extraction.buffer_capacity, prompt_len, resp_len),
         key=k_run, step=jnp.int32(0), env_steps=jnp.int32(0))
-
-
-def query_keys(rt: Runtime, env, renderer, key, tasks, task_tokens, task_len):
-    """Retrieval queries [N, D]: embedding of task text + first observation (one key space for all)."""
-    obs, obs_len = first_observation(env, renderer, key, tasks)
-    return query_from_observation(rt, task_tokens, task_len, obs, obs_len)
-
-
-def query_from_observation(rt: Runtime, task_tokens, task_len, obs, obs_len):
-    """[N, D] embeddings of task text + rendered first observation."""
-    q, q_len = jax.vmap(lambda a, b, c, d: pack_segments([(a, b), (c, d)]))(task_tokens, task_len, obs, obs_len)
-    return rt.embedder(q, q_len)
-
-
-def guided_mask(rt: Runtime, flags: MethodFlags, step) -> jax.Array:
-    """[G, K] bool: which rollouts retrieve experience this step."""
-    cfg = rt.cfg
-    G, K = cfg.rollout.groups, cfg.rollout.group_size
-    n_guided = jnp.where(flags.group_split, K // 2, K)
-    guided = jnp.arange(K) < n_guided
-    return jnp.broadcast_to(guided, (G, K)) & (step >= cfg.bank.warmup_steps) & flags.uses_bank
-
-
-def retrieve_entries(rt: Runtime, bank, key, step, q, guided, *, diverse: bool = True):
-    """-> (bank, slots [N], exp [N, L], exp_len [N], has_exp [N]) for a flat guided mask [N].
-
-    diverse: the training retrieval (diversity re-ranking, usage bookkeeping). Otherwise evaluation's greedy
-    top-1 (bank unchanged; `bank.eval_prefer_used` breaks similarity ties toward the most used entry)."""
-    b = rt.cfg.bank
-    floor = b.min_similarity if b.min_similarity > -1.0 else None
-    task = jnp.zeros(q.shape[:1], jnp.int32)
-    if diverse:
-        # bank.retrieve counts an entry as recent when step - last_retrieved < r; ours: within the last
-        # `recent_steps` steps before this one, hence r = recent_steps + 1.
-        bank, slots, found = bank_lib.retrieve(bank, q, task, key, step, top_k=1, candidates=b.candidates,
-                                               query_mask=guided, min_similarity=floor,
-                                               diversity_lambda=b.diversity_lambda, recent_steps=b.recent_steps + 1,
-                                               demote_p=b.demote_p, shared_ties=b.shared_ties)
-        slot, has = slots[:, 0], found[:, 0] & guided
-    else:
-        slot, has = bank_lib.retrieve_best(bank, q, task, min_similarity=floor, query_mask=guided,
-                                           used_bonus=1e-6 if b.eval_prefer_used else 0.0,
-                                           credit_bonus=1e-4 if b.eval_prefer_used else 0.0)
-    safe = jnp.maximum(slot, 0)
-    exp = jnp.where(has[:, None], bank.tokens[safe], 0)
-    exp_len = jnp.where(has, bank.lengths[safe], 0)
-    return bank, jnp.where(has, slot, -1), exp, exp_len, has
+    if be.donate:
+        # Distinct buffers for every leaf: `compiled_chunk` donates the state, and XLA refuses to donate one
+        # buffer twice (small constants such as the zero counters can share one).
+        state = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), state)
+    return state
 
 
 def entry_credit(variant, success, entry_ids, guided, G, K, capacity):
@@ -206,32 +160,27 @@ def prepare(rt: Runtime, state: LoopState, obs=None, obs_len=None) -> Prepared:
 
 
 def iteration(rt: Runtime, state: LoopState):
-    """One step of the built-in-env loop: `prepare` -> compiled `play` -> `finish`."""
-    cfg = rt.cfg
+    """One step on any backend: `prepare` -> the backend's compiled rollouts -> `finish`."""
     p = prepare(rt, state)
-    ep = play(state.actor.graphdef, state.actor.params, rt.env, rt.renderer, rt.seg, rt.action_ids,
-              step_keys(state).roll, tasks=p.tasks, task_tokens=p.task_tokens, task_len=p.task_len, exp=p.exp,
-              exp_len=p.exp_len, has_exp=p.has_exp, num_turns=rt.num_turns, temperature=cfg.actor.temperature,
-              turn_marker=cfg.rollout.turn_marker)
+    ep = rt.backend.play(rt, state, p, step_keys(state).roll)
     return finish(rt, state, p, ep)
 
 
-def finish(rt: Runtime, state: LoopState, p: Prepared, ep: Episodes):
-    """Steps 4-7 from the played episodes: credit, distillation, co-update, merge -> (state, metrics)."""
-    cfg = rt.cfg
+def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
+    """Steps 4-7 from the played episodes (of any backend: `success`, `reward`, `turns` [N] and what the
+    backend's distill / actor batch read): credit, pruning, distillation, co-update, merge -> (state, metrics)."""
+    cfg, be = rt.cfg, rt.backend
     G, K = cfg.rollout.groups, cfg.rollout.group_size
     N = G * K
     k = step_keys(state)
-    k_ext, k_merge, k_rows = k.ext, k.merge, k.rows
     step, flags = state.step, state.flags
-    task_tokens, task_len, guided, q = p.task_tokens, p.task_len, p.guided, p.q
-    bank, slots, exp, exp_len, has_exp = p.bank, p.slots, p.exp, p.exp_len, p.has_exp
+    guided, slots, has_exp = p.guided, p.slots, p.has_exp
     success = ep.success.astype(jnp.float32)
 
     # 4. extractor credit, before this step's edits change any entry's source
     entry_ids = jnp.where(has_exp, slots, -1)
     er = entry_credit(cfg.extraction.reward, success, entry_ids, guided, G, K, cfg.bank.capacity)
-    bank = bank_lib.credit(bank, slots, has_exp, 2.0 * success - 1.0, has_exp)
+    bank = bank_lib.credit(p.bank, slots, has_exp, 2.0 * success - 1.0, has_exp)
     bank, _, _, _ = bank_lib.take_credit(bank)
     credited = er.count > 0
     buffer = buffer_lib.credit(state.buffer, bank.source, er.mean, jnp.ones_like(er.count), credited & (bank.source >= 0))
@@ -242,9 +191,9 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep: Episodes):
     mask = has_exp if cfg.extraction.distill == "guided_only" else jnp.ones((N,), bool)
 
     def do_distill(bb):
-        d = distill(rt, bb[0], bb[1], state.extractor.params, k_ext, step, task_tokens=task_tokens,
-                    task_len=task_len, episodes=ep, keys=q, exp=exp, exp_len=exp_len, has_exp=has_exp,
-                    slots=slots, mask=mask)
+        d = be.distill(rt, bb[0], bb[1], state.extractor.params, k.ext, step, task_tokens=p.task_tokens,
+                       task_len=p.task_len, episodes=ep, keys=p.q, exp=p.exp, exp_len=p.exp_len, has_exp=has_exp,
+                       slots=slots, mask=mask)
         return d.bank, d.buffer, jnp.stack([d.n_add, d.n_update, d.n_return, d.n_invalid,
                                             d.n_add_failed]).astype(jnp.int32)
 
@@ -254,21 +203,20 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep: Episodes):
     n_failed_ep = jnp.sum(~ep.success.astype(bool) & mask)
 
     # 6. one co-update
-    ab, a_metrics = actor_batch(rt, ep, guided.reshape(G, K), flags.split_advantage, k_rows)
+    ab, a_metrics = be.actor_batch(rt, ep, guided.reshape(G, K), flags.split_advantage, k.rows)
     ready = buffer_lib.ready(buffer, cfg.extraction.batch) & flags.trains_extractor
-    buffer, eb = extractor_batch(rt, buffer, step, ready, jax.random.fold_in(k_rows, 1), cfg.extraction.epochs)
+    buffer, eb = be.extractor_batch(rt, buffer, step, ready, jax.random.fold_in(k.rows, 1))
     ab = ab.replace(weight=jnp.where(flags.trains_actor, ab.weight, 0.0))  # zero weight: no actor step
     actor, extractor, u_metrics = rt.co_update(state.actor, state.extractor, ab, eb)
 
     # 7. merge
-    bank, buffer, n_merged = maybe_merge(rt, bank, buffer, extractor.params, k_merge, step,
-                                         flags.edits_bank & flags.merge)
+    bank, buffer, n_merged = be.merge(rt, bank, buffer, extractor.params, k.merge, step, flags.edits_bank & flags.merge)
 
     metrics = {
-        "success_guided": _masked_mean(success, guided),
-        "success_free": _masked_mean(success, ~guided),
+        "success_guided": masked_mean(success, guided),
+        "success_free": masked_mean(success, ~guided),
         "success_all": success.mean(),
-        "retrieved_frac": _masked_mean(has_exp.astype(jnp.float32), guided),
+        "retrieved_frac": masked_mean(has_exp.astype(jnp.float32), guided),
         "pruned_entries": n_pruned.astype(jnp.float32),
         "episode_turns": ep.turns.astype(jnp.float32).mean(),
         "bank_size": bank_lib.size(bank).astype(jnp.float32),
@@ -281,28 +229,28 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep: Episodes):
                                        ops[4] / jnp.maximum(n_failed_ep, 1), jnp.nan).astype(jnp.float32),
         "merged_entries": n_merged.astype(jnp.float32),
         "buffer_overflow": buffer.overflow_count.astype(jnp.float32),
-        **a_metrics, **u_metrics,
+        **be.episode_metrics(rt, ep), **a_metrics, **u_metrics,
     }
     env_steps = state.env_steps + ep.turns.sum().astype(jnp.int32)
     metrics["env_steps"] = env_steps.astype(jnp.float32)
-    new = LoopState(flags=flags, actor=actor, extractor=extractor, bank=bank, buffer=buffer, key=state.key, step=step + 1,
-                    env_steps=env_steps)
+    new = LoopState(flags=flags, actor=actor, extractor=extractor, bank=bank, buffer=buffer, key=state.key,
+                    step=step + 1, env_steps=env_steps)
     return new, metrics
 
 
-def load_offline_bank(rt: Runtime, bank, path: str):
-    """method=offline: fill the bank from a JSON-lines file written by `crl-jax bank export`."""
-    from crl_jax.bank_io import load_jsonl
-
-    return load_jsonl(bank, rt.tokenizer, path, rt.embedder)
-
-
-def _masked_mean(x, m):
+def masked_mean(x, m):
+    """Mean of x over m (NaN when m is empty)."""
     m = m.astype(jnp.float32)
     return jnp.where(m.sum() > 0, jnp.sum(x * m) / jnp.maximum(m.sum(), 1.0), jnp.nan)
 
 
 EVAL_KEYS = ("eval_heldin_with_exp", "eval_heldin_without_exp", "eval_heldout_with_exp", "eval_heldout_without_exp")
+
+
+def eval_due(step, last_step, every: int):
+    """Is an evaluation due after `step` iterations: every `every` steps and at `last_step` (`every` = 0:
+    only at `last_step`). Python ints (the host driver) or traced scalars (the compiled loop)."""
+    return (step == last_step) if every == 0 else ((step % every == 0) | (step == last_step))
 
 
 def step_with_eval(rt: Runtime, state: LoopState, last_step):
@@ -311,10 +259,9 @@ def step_with_eval(rt: Runtime, state: LoopState, last_step):
     `last_step` is a traced scalar, so runs of different lengths share one compiled program.
     """
     state, m = iteration(rt, state)
-    every = rt.cfg.eval.every
-    due = (state.step == last_step) if every == 0 else ((state.step % every == 0) | (state.step == last_step))
     nan = {k: jnp.float32(jnp.nan) for k in EVAL_KEYS}
-    ev = jax.lax.cond(due, lambda s: evaluate_all(rt, s), lambda s: nan, state)
+    ev = jax.lax.cond(eval_due(state.step, last_step, rt.cfg.eval.every),
+                      lambda s: evaluate_all(rt, s, rt.backend.evaluate_pool), lambda s: nan, state)
     return state, {**m, **ev}
 
 
@@ -327,10 +274,8 @@ def train(cfg, key):
     """Pure run: init + scan over all `cfg.steps` -> (final LoopState, metrics [steps]).
 
     jit- and vmap-able in `key`: `jax.jit(jax.vmap(lambda k: train(cfg, k)))(keys)` is a seed sweep.
+    (Built-in environments and tiny models; the LLM path runs through `crl_jax.run.run`.)
     """
-    from crl_jax.config import ConfigError
-    from crl_jax.runtime import build
-
     rt = build(cfg)
     if getattr(rt.env, "is_host", False):
         raise ConfigError(f"env.name={cfg.env.name!r} is a host-side environment: it cannot run inside one "
@@ -341,5 +286,7 @@ def train(cfg, key):
 @functools.lru_cache(maxsize=16)
 def compiled_chunk(rt: Runtime, num_steps: int):
     """Jitted `(state, last_step) -> run_steps(...)` for a fixed chunk length (the CLI's unit between
-    checkpoints); shared by every seed and run length of one config."""
-    return jax.jit(lambda s, last: run_steps(rt, s, num_steps, last))
+    checkpoints); shared by every seed and run length of one config. When the backend says so
+    (`rt.backend.donate`, the LLM path) the input state is DONATED: do not use it after the call."""
+    return jax.jit(lambda s, last: run_steps(rt, s, num_steps, last),
+                   donate_argnums=(0,) if rt.backend.donate else ())

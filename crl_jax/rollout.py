@@ -105,6 +105,19 @@ def build_prompt(task, task_len, exp, exp_len, has_exp, seg: Segments, turn, obs
     return pack_segments(parts)
 
 
+def sample_turn(graphdef, params, seg: Segments, allowed, action_ids, k_play, t, task_tokens, task_len, exp, exp_len,
+                has_exp, obs, obs_len, *, temperature: float, turn_marker: bool):
+    """One turn of N episodes: build the prompts, sample one allowed action token each (key `fold_in(k_play,
+    t)`) -> (prompts [N, P], lengths [N], tokens [N], log-probs [N], env actions [N]). Shared by `play` and
+    the host driver (`crl_jax.host_play`), so both paths build and sample turns identically."""
+    prompts, plen = jax.vmap(
+        lambda a, b, c, d, e, o, ol: build_prompt(a, b, c, d, e, seg, t, o, ol, turn_marker=turn_marker)
+    )(task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len)
+    logits = last_logits(graphdef, params, prompts, plen)
+    tok, lp = sample_logits(logits, jax.random.fold_in(k_play, t), temperature=temperature, allowed=allowed)
+    return prompts, plen, tok, lp, token_to_action(tok, action_ids)
+
+
 def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tasks,
          task_tokens, task_len, exp, exp_len, has_exp, num_turns: int, temperature: float,
          turn_marker: bool = True, reset_keys=None) -> Episodes:
@@ -125,12 +138,9 @@ def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tas
     def turn_fn(carry, t):
         states, done, ret, succ = carry
         obs_tok, obs_len = jax.vmap(renderer)(states)
-        prompts, plen = jax.vmap(
-            lambda a, b, c, d, e, o, ol: build_prompt(a, b, c, d, e, seg, t, o, ol, turn_marker=turn_marker)
-        )(task_tokens, task_len, exp, exp_len, has_exp, obs_tok, obs_len)
-        logits = last_logits(graphdef, params, prompts, plen)
-        tok, lp = sample_logits(logits, jax.random.fold_in(k_play, t), temperature=temperature, allowed=allowed)
-        act = token_to_action(tok, action_ids)
+        prompts, plen, tok, lp, act = sample_turn(graphdef, params, seg, allowed, action_ids, k_play, t, task_tokens,
+                                                  task_len, exp, exp_len, has_exp, obs_tok, obs_len,
+                                                  temperature=temperature, turn_marker=turn_marker)
         new_states, _, r, d, info = jax.vmap(env.step)(states, act)
         active = ~done
         ret = ret + jnp.where(active, r, 0.0)

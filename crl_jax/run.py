@@ -37,9 +37,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from crl_jax import distributed, loop, sharding
+from crl_jax import distributed, host_loop, llm, loop, pretrain, sharding
 from crl_jax.checkpoint import Checkpointer, step_dirs
 from crl_jax.config import Config, ConfigError, to_dict
+from crl_jax.llm.format_prior import format_prior_id
 from crl_jax.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
 from crl_jax.runtime import build
 
@@ -159,47 +160,32 @@ def clear_run(out_dir: str) -> None:
 
 
 def _prior_id(cfg: Config):
-    from crl_jax import llm, pretrain
-
     if llm.is_llm_config(cfg):  # the LLM path's format prior (crl_jax/llm/format_prior.py), when enabled
-        from crl_jax.llm.format_prior import format_prior_id
-
         return format_prior_id(cfg) if cfg.format_prior.enabled else None
     return pretrain.prior_id(cfg) if cfg.pretrain.enabled else None
 
 
 def engine(cfg: Config):
-    """(runtime, init_state, chunk, run_steps) of the path a config runs on: the compiled built-in-env loop,
-    the host driver of an environment adapter (`host_loop`: env steps on the host between jitted pieces), or
-    the LLM path (`crl_jax.llm`: pretrained models, chat prompts). Every chunk has the contract of
-    `loop.compiled_chunk(rt, n)`: `(state, last_step) -> (state, metrics [n])` over the same `LoopState`;
-    the pure `run_steps` (None for the host driver) is what a sharded run jits with in/out shardings."""
-    from crl_jax import llm
-
-    if llm.is_llm_config(cfg):
-        from crl_jax.llm.loop import run_steps as llm_run_steps
-
-        return llm.build(cfg), llm.init_state, llm.compiled_chunk, llm_run_steps
-    rt = build(cfg)
-    from crl_jax import host_loop
-
+    """(runtime, init_state, chunk, run_steps) of the path a config runs on: the one compiled loop
+    (`crl_jax.loop`) on the built-in backend or the LLM backend (`crl_jax.llm`: pretrained models, chat
+    prompts), or the host driver of an environment adapter (`host_loop`: env steps on the host between
+    jitted pieces). Every chunk has the contract of `loop.compiled_chunk(rt, n)`: `(state, last_step) ->
+    (state, metrics [n])` over the same `LoopState`; the pure `run_steps` (None for the host driver) is
+    what a sharded run jits with in/out shardings."""
+    rt = llm.build(cfg) if llm.is_llm_config(cfg) else build(cfg)
     if host_loop.is_host(rt):
         return rt, loop.init_state, host_loop.chunk, None
     return rt, loop.init_state, loop.compiled_chunk, loop.run_steps
 
 
-def step_function(cfg: Config, run_steps):
+def step_function(cfg: Config, run_steps, rt=None):
     """(one iteration with its evaluations `(rt, state, last_step) -> (state, metrics)`, donate the state?)
-    of a compiled path; (None, False) for the host driver."""
+    of a compiled path; (None, False) for the host driver. `rt` (default: built from `cfg`) says whether
+    its backend donates (two LLMs with optimizer states do not fit twice in memory)."""
     if run_steps is None:
         return None, False
-    from crl_jax import llm
-
-    if llm.is_llm_config(cfg):
-        from crl_jax.llm.loop import step_with_eval
-
-        return step_with_eval, True  # two models with optimizer states do not fit twice in memory
-    return loop.step_with_eval, False
+    rt = rt if rt is not None else (llm.build(cfg) if llm.is_llm_config(cfg) else build(cfg))
+    return loop.step_with_eval, rt.backend.donate
 
 
 _MASKED: dict = {}
@@ -390,7 +376,7 @@ def _run_locked(cfg, out_dir, *, resume, progress, label, main, max_nonfinite, l
 def _caller(cfg, rt, chunk_fn, run_steps, placement):
     """`(state, n, stop_step) -> (state, metrics [>= n])`: the path's one chunk program, run up to `stop_step`
     (only the first n metric rows are real)."""
-    step_fn, donate = step_function(cfg, run_steps)
+    step_fn, donate = step_function(cfg, run_steps, rt)
     if step_fn is None:  # host driver: one jitted iteration at a time, n of them
         return lambda s, n, stop: chunk_fn(rt, n)(s, jnp.int32(cfg.steps))
     if placement is None:

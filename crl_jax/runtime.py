@@ -18,6 +18,8 @@ import numpy as np
 from flax import nnx
 
 from crl_jax import envs
+from crl_jax.backend import Backend
+from crl_jax.builtin_backend import BUILTIN
 from crl_jax.config import Config, ConfigError, DistributedConfig, MeshConfig, to_dict
 from crl_jax.envs.actions import action_allowed_mask, action_token_ids, tiny_tokenizer
 from crl_jax.envs.compact import compact_vocabulary, grid_shape, make_compact_renderer
@@ -72,6 +74,7 @@ class Runtime:
     co_update: Any  # the (actor, extractor) update of train_state.make_co_update
     actor_tx: Any  # optax transformations, built once: they are static parts of the train states' treedef
     extractor_tx: Any
+    backend: Backend  # the path's pieces of the one iteration (`crl_jax.builtin_backend.BUILTIN`)
 
     @property
     def vocab_size(self) -> int:
@@ -236,4 +239,4 @@ def _build(cfg: Config) -> Runtime:
                    train_task_tokens=ttok, train_task_len=tlen, eval_task_tokens=etok, eval_task_len=elen,
                    distill=distill, merge_pieces=merge_pieces, actor_graphdef=agd, extractor_graphdef=egd,
                    actor_config=acfg, extractor_config=ecfg, embedder=embedder, num_turns=T,
-                   co_update=co_update, actor_tx=tx_a, extractor_tx=tx_e)
+                   co_update=co_update, actor_tx=tx_a, extractor_tx=tx_e, backend=BUILTIN)

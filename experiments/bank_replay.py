@@ -11,6 +11,7 @@ import sys, time, jax, jax.numpy as jnp, numpy as np
 from crl_jax.config import load
 from crl_jax.runtime import build
 from crl_jax import loop
+from crl_jax.experience import query_keys
 from crl_jax.evaluate import pool_setup
 from crl_jax.rollout import episode_reset_keys
 from crl_jax.envs.actions import token_to_action
@@ -39,7 +40,7 @@ for c in range(cfg.steps // 5):
     m = jax.device_get(m)
     env_, renderer, key, tasks, tt, tl, exp, exp_len, has = pool_setup(rt, st, False)
     keys = episode_reset_keys(key, tasks.shape[0])
-    q = loop.query_keys(rt, env_, renderer, key, tasks, tt, tl)
+    q = query_keys(rt, env_, renderer, key, tasks, tt, tl)
     b = st.bank
     v = np.asarray(b.valid)
     sim = np.asarray(b.keys @ q.T)  # [N, n]

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("nle")  # the `envs` extra (MiniHack); installed in CI
 
-from crl_jax import host_loop, loop
+from crl_jax import host_loop, host_play, loop
 from crl_jax.config import ConfigError, load
 from crl_jax.host_env import HostRenderer
 from crl_jax.metrics import ALL_COLUMNS
@@ -32,14 +32,14 @@ MICRO = ["env.name=minihack-room", "env.params.variant=ultimate", "env.params.ma
 
 @pytest.fixture(scope="module")
 def rt():
-    old = host_loop.TRACE_GUARD
-    host_loop.TRACE_GUARD = True  # every compiled piece raises if traced more than MAX_TRACES times
+    old = host_play.TRACE_GUARD
+    host_play.TRACE_GUARD = True  # every compiled piece raises if traced more than MAX_TRACES times
     chex.clear_trace_counter()
     host_loop.compiled.cache_clear()
     r = build(load(None, MICRO))
     yield r
     host_loop.compiled.cache_clear()
-    host_loop.TRACE_GUARD = old
+    host_play.TRACE_GUARD = old
 
 
 @pytest.fixture(scope="module")

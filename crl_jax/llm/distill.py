@@ -65,4 +65,5 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     n_update = jnp.sum(op_ok & (ops["op"] == UPDATE))
     n_invalid = jnp.sum(mask & ~ops["valid"])
     n_return = jnp.sum(valid & ~writes)
-    return DistillOut(bank, buffer, n_add, n_update, n_return, n_invalid)
+    n_failed = jnp.sum(writes & ~episodes.success.astype(bool))
+    return DistillOut(bank, buffer, n_add, n_update, n_return, n_invalid, n_failed)

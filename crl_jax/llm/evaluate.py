@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from crl_jax.evaluate import evaluate_all as shared_evaluate_all
+from crl_jax.evaluate import pool_setup
 from crl_jax.llm.rollout import play
 from crl_jax.rollout import episode_reset_keys
 
 
 def evaluate_pool(rt, state, *, heldout: bool):
-    from crl_jax.evaluate import pool_setup
-
     cfg = rt.cfg
     env, renderer, key, tasks, tt, tl, exp, exp_len, has = pool_setup(rt, state, heldout)
     n = tasks.shape[0]
@@ -25,6 +25,4 @@ def evaluate_pool(rt, state, *, heldout: bool):
 
 
 def evaluate_all(rt, state) -> dict:
-    from crl_jax.evaluate import evaluate_all as shared
-
-    return shared(rt, state, evaluate_pool)
+    return shared_evaluate_all(rt, state, evaluate_pool)

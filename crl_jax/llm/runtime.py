@@ -27,7 +27,9 @@ from flax import nnx
 from crl_jax import envs
 from crl_jax import train_state as ts
 from crl_jax.config import Config, ConfigError, DistributedConfig, to_dict
+from crl_jax.backend import Backend
 from crl_jax.llm.answer import make_reply_parser, reply_stop_tokens
+from crl_jax.llm.backend import LLM
 from crl_jax.envs.render import make_token_renderer
 from crl_jax.llm.merge import prompt_len as merge_prompt_len
 from crl_jax.llm.prompt_pieces import (
@@ -118,6 +120,7 @@ class LLMRuntime:
     actor_tx: Any
     extractor_tx: Any
     actor_stop_tokens: tuple = ()  # token ids that end an actor reply (crl_jax.llm.answer.reply_stop_tokens)
+    backend: Backend = LLM  # the path's pieces of the one iteration (`crl_jax.llm.backend.LLM`)
 
     @property
     def vocab_size(self) -> int:
@@ -247,7 +250,8 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
                       answer_parser=make_reply_parser(env, tok, apieces.prefill), actor_graphdef=agd, extractor_graphdef=egd,
                       actor_config=acfg, extractor_config=ecfg, actor_weights=a_host, extractor_weights=e_host,
                       embedder=HashedNgramEmbedder(dim=cfg.bank.key_dim), num_turns=T, co_update=co_update,
-                      actor_tx=tx_a, extractor_tx=tx_e, actor_stop_tokens=reply_stop_tokens(tok, apieces.prefill))
+                      actor_tx=tx_a, extractor_tx=tx_e, actor_stop_tokens=reply_stop_tokens(tok, apieces.prefill),
+                      backend=LLM)
 
 
 @functools.lru_cache(maxsize=4)
