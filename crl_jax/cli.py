@@ -75,22 +75,16 @@ def _restore_run(run_dir):
 
 
 def _evaluator(cfg, rt):
-    """The greedy held-in / held-out evaluation of the run's path."""
+    """The greedy held-in / held-out evaluation of the run's path (`evaluate.evaluate_all` over the path's
+    pool function: the backend's compiled one, or the host driver's)."""
     import jax
 
-    from crl_jax import host_loop, llm
-
-    if llm.is_llm_config(cfg):
-        from crl_jax.llm.evaluate import evaluate_all
-
-        return jax.jit(lambda s: evaluate_all(rt, s))
-    if host_loop.is_host(rt):
-        from crl_jax.host_eval import evaluate_all
-
-        return lambda s: evaluate_all(rt, s)
+    from crl_jax import host_eval, host_loop
     from crl_jax.evaluate import evaluate_all
 
-    return jax.jit(lambda s: evaluate_all(rt, s))
+    if host_loop.is_host(rt):
+        return lambda s: evaluate_all(rt, s, host_eval.evaluate_pool)
+    return jax.jit(lambda s: evaluate_all(rt, s, rt.backend.evaluate_pool))
 
 
 def cmd_eval(args):

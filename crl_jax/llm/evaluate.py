@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from crl_jax.evaluate import evaluate_all as shared_evaluate_all
 from crl_jax.evaluate import pool_setup
 from crl_jax.llm.rollout import play
 from crl_jax.rollout import episode_reset_keys
@@ -22,7 +21,3 @@ def evaluate_pool(rt, state, *, heldout: bool):
               temperature=temp, reset_keys=two(episode_reset_keys(key, n)))
     s = ep.success.astype(jnp.float32)
     return s[:n].mean(), s[n:].mean()
-
-
-def evaluate_all(rt, state) -> dict:
-    return shared_evaluate_all(rt, state, evaluate_pool)
