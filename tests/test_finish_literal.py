@@ -1,0 +1,99 @@
+"""`loop.finish` end to end on scripted episodes, with literal values: outcomes -> entry credit -> buffer
+rewards, pruning and metrics -> the actor batch (split-GRPO advantages and weights per turn row) -> the
+extractor batch (CISPO advantages of the credited samples).
+
+One group of K = 4: rollouts 0, 1 guided by bank entries 0 and 1 (written by buffer samples 0 and 1),
+rollouts 2, 3 free. Scripted outcomes: [success, failure, success, failure]."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from crl_jax import bank as bank_lib
+from crl_jax import buffer as buffer_lib
+from crl_jax import loop
+from crl_jax.config import load
+from crl_jax.rollout import play
+from crl_jax.runtime import build
+
+OVERRIDES = ["rollout.groups=1", "rollout.group_size=4", "env.max_turns=3", "env.num_train_tasks=4",
+             "env.num_eval_tasks=4", "extraction.batch=8", "extraction.buffer_capacity=12", "bank.capacity=8",
+             "bank.entry_len=8", "extraction.max_new_tokens=6", "extraction.prompt_len=120",
+             "extraction.merge=false", "bank.prune_below=0.0", "loss.epochs=1", "loss.minibatches=1",
+             "loss.turn_rows=0", "pretrain.enabled=false", "actor.hidden_size=32", "actor.num_layers=1",
+             "actor.intermediate_size=64", "extractor.hidden_size=32", "extractor.num_layers=1",
+             "extractor.intermediate_size=64"]
+SUCCESS = np.array([True, False, True, False])
+
+
+def _scripted():
+    cfg = load(None, OVERRIDES)
+    rt = build(cfg)
+    state = loop.init_state(rt, jax.random.key(0), cfg)
+    L, D = cfg.bank.entry_len, cfg.bank.key_dim
+    P, R = state.buffer.prompt.shape[1], state.buffer.response.shape[1]
+    # two extractor samples (ids 0, 1) and the two entries they wrote (slots 0, 1)
+    buffer, ids = buffer_lib.add_many(state.buffer, jnp.ones((2, P), jnp.int32), jnp.array([3, 3]),
+                                      jnp.ones((2, R), jnp.int32), jnp.array([2, 2]), jnp.full((2, R), -0.5),
+                                      0, jnp.array([True, True]))
+    assert ids.tolist() == [0, 1]
+    entry = jnp.broadcast_to(rt.action_ids[0], (2, L))
+    keys = jax.random.normal(jax.random.key(1), (2, D))
+    bank, slots = bank_lib.add_many(state.bank, entry, jnp.array([3, 3]), keys, jnp.zeros((2,), jnp.int32), 0,
+                                    ids, jnp.array([True, True]))
+    assert slots.tolist() == [0, 1]
+    state = state.replace(bank=bank, buffer=buffer)
+    tasks = jnp.zeros((4,), jnp.int32)
+    has = jnp.array([True, True, False, False])
+    slot = jnp.array([0, 1, -1, -1])
+    exp = jnp.where(has[:, None], bank.tokens[jnp.maximum(slot, 0)], 0)
+    exp_len = jnp.where(has, bank.lengths[jnp.maximum(slot, 0)], 0)
+    p = loop.Prepared(tasks=tasks, task_tokens=rt.train_task_tokens[tasks], task_len=rt.train_task_len[tasks],
+                      guided=has, q=jnp.concatenate([keys, keys]), bank=bank, slots=slot, exp=exp, exp_len=exp_len,
+                      has_exp=has)
+    ep = play(state.actor.graphdef, state.actor.params, rt.env, rt.renderer, rt.seg, rt.action_ids,
+              jax.random.key(2), tasks=tasks, task_tokens=p.task_tokens, task_len=p.task_len, exp=exp,
+              exp_len=exp_len, has_exp=has, num_turns=rt.num_turns, temperature=1.0)
+    ep = ep._replace(success=jnp.asarray(SUCCESS), reward=jnp.asarray(SUCCESS, jnp.float32))  # the script
+    return rt, state, p, ep
+
+
+def test_finish_credit_buffer_pruning_and_metrics_literal():
+    rt, state, p, ep = _scripted()
+    new, m = jax.jit(lambda s, p, e: loop.finish(rt, s, p, e))(state, p, ep)
+    # entry 0 guided a success (+1), entry 1 a failure (-1): each writer sample gets its entry's mean
+    buf = new.buffer
+    by_id = {int(i): (float(r), int(c)) for i, r, c, v in
+             zip(buf.sample_id, buf.reward_sum, buf.reward_count, buf.valid) if v and i in (0, 1)}
+    assert by_id == {0: (1.0, 1), 1: (-1.0, 1)}  # 2 pending < batch 8: not trained yet, rewards kept
+    assert float(m["extractor_reward_mean"]) == 0.0  # mean over credited entries of (+1, -1)
+    assert float(m["pruned_entries"]) == 1.0  # entry 1's credit -1 < prune_below 0
+    assert float(m["success_guided"]) == 0.5 and float(m["success_free"]) == 0.5
+    assert float(m["success_all"]) == 0.5 and float(m["retrieved_frac"]) == 1.0
+    assert float(m["env_steps"]) == float(ep.turns.sum())
+    assert int(new.step) == 1
+    # lifetime credit of entry 0 (slot 0 is neither pruned nor free, so no ADD of this step lands on it)
+    assert float(new.bank.total_credit_sum[0]) in (1.0, 0.0)  # 0.0 only if an UPDATE rewrote it
+
+
+def test_actor_and_extractor_batches_literal():
+    rt, state, p, ep = _scripted()
+    guided = p.guided.reshape(1, 4)
+    ab, am = rt.backend.actor_batch(rt, ep, guided, jnp.asarray(True), jax.random.key(3))
+    T = rt.num_turns
+    # split GRPO: guided [1, 0] and free [1, 0] normalised apart -> +-1 (/ (std 0.5 + 1e-6) * 0.5)
+    a = 0.5 / (0.5 + 1e-6)
+    np.testing.assert_allclose(np.asarray(ab.advantages).reshape(4, T), np.repeat([[a], [-a], [a], [-a]], T, 1),
+                               rtol=1e-6)
+    # each subgroup weighs 1/2 of the group, its 2 members 1/4 each, spread over their played turns
+    turns = np.asarray(ep.turns, np.float32)
+    want_w = (0.25 / turns)[:, None] * np.asarray(ep.active)
+    np.testing.assert_allclose(np.asarray(ab.weight).reshape(4, T), want_w, rtol=1e-6)
+    assert float(am["adv_abs_mean"]) == np.float32(a)
+    # the credited samples feed the extractor batch: rewards +1 / -1 around their mean 0, repeat weight 1
+    new, _ = jax.jit(lambda s, p, e: loop.finish(rt, s, p, e))(state, p, ep)
+    _, eb = rt.backend.extractor_batch(rt, new.buffer, new.step, jnp.asarray(True), jax.random.key(4))
+    adv = np.asarray(eb.advantages)
+    adv = adv[0] if adv.ndim == 2 else adv  # epochs stack the same batch
+    got = sorted(float(x) for x in adv if x != 0.0)
+    assert got == [-1.0, 1.0]
