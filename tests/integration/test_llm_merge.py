@@ -17,7 +17,7 @@ from crl_jax.llm import merge as llm_merge
 from crl_jax.merge_step import merge_into
 from crl_jax.models import transformer as tr
 
-GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+GOLDEN = os.path.join(os.path.dirname(__file__), "..", "golden")
 L = 24  # bank.entry_len
 SMALL = {"rollout": {"groups": 2, "group_size": 2, "history": "full", "action_format": "free_text",
                      "max_action_tokens": 8},

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from test_loop import MICRO, micro
+from _micro import MICRO, micro
 
 from crl_jax import sweep
 from crl_jax.run import run
@@ -111,7 +111,7 @@ def test_resume(swept, singles, tmp_path):
     logs = []
     run_sweep(longer, cont, chunk=2, progress=False, plot=False, log=logs.append)
     assert "resumed 4 runs from step 2" in logs
-    ref = str(tmp_path / "ref")  # the single run resumed to 4 steps (== uninterrupted, tests/test_loop.py)
+    ref = str(tmp_path / "ref")  # the single run resumed to 4 steps (== uninterrupted, tests/integration/test_loop.py)
     shutil.copytree(singles["crl", 0], ref)
     run(micro("method=crl", "seed=0", "steps=4"), ref, progress=False, label="crl")
     assert _read(os.path.join(cont, "crl", "seed0", "metrics.csv")) == _read(os.path.join(ref, "metrics.csv"))
@@ -144,7 +144,7 @@ def test_load_spec_and_cli_dry_run(tmp_path, capsys):
     assert load_spec(str(f), seeds=2, steps=3).seeds == (0, 1)
     import importlib.util
 
-    path = os.path.join(os.path.dirname(__file__), "..", "experiments", "sweep.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "sweep.py")
     mod = importlib.util.spec_from_file_location("sweep_cli", path)
     cli = importlib.util.module_from_spec(mod)
     mod.loader.exec_module(cli)

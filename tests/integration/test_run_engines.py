@@ -5,7 +5,10 @@ import json
 import os
 
 import pytest
-from test_host_loop import MICRO
+
+pytest.importorskip("nle")  # the `envs` extra (MiniHack); installed in CI
+
+from _micro import HOST_MICRO as MICRO
 
 from crl_jax import host_loop, loop
 from crl_jax.config import ConfigError, load
