@@ -11,14 +11,14 @@ import pytest
 
 pytest.importorskip("nle")  # the `envs` extra (MiniHack); installed in CI
 
-from _micro import HOST_MICRO as MICRO
-
 from crl_jax import host_loop, loop
 from crl_jax.config import ConfigError, load
 from crl_jax.host_env import HostRenderer
 from crl_jax.metrics import ALL_COLUMNS
 from crl_jax.rollout import build_prompt
 from crl_jax.runtime import build
+
+from _micro import HOST_MICRO as MICRO  # tests/_micro.py
 
 pytestmark = pytest.mark.slow
 

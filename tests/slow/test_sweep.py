@@ -11,6 +11,7 @@ import pytest
 from _micro import MICRO, micro
 
 from crl_jax import sweep
+from crl_jax.config import ConfigError
 from crl_jax.run import run
 from crl_jax.metrics import read_csv
 from crl_jax.sweep import SweepSpec, _flat_overrides, expand, load_spec, plan, run_sweep
@@ -176,3 +177,20 @@ def test_demo_runs_every_run_alone_and_equals_single_runs(singles, tmp_path, cap
     assert "held-in, with exp" in table and "n/a" in table  # grpo has no with-experience evaluation
     assert os.path.getsize(os.path.join(out, "comparison.png")) > 0
     assert "plot:" in capsys.readouterr().out
+
+
+def test_a_member_folder_saved_with_removed_keys_is_still_the_same_run(tmp_path):
+    """config.json of a sweep member written before keys were removed from the config (#15): no mismatch."""
+    m = sweep.Member("p", 0, micro("steps=2"), str(tmp_path / "p" / "seed0"))
+    sweep._write_config(m)
+    path = os.path.join(m.run_dir, "config.json")
+    with open(path) as f:
+        saved = json.load(f)
+    saved["bank"]["top_k"] = 1
+    saved["rollout"]["history"] = "current"
+    with open(path, "w") as f:
+        json.dump(saved, f)
+    with pytest.warns(UserWarning, match=r"ignoring rollout\.history, bank\.top_k"):
+        sweep._write_config(m)
+    with pytest.raises(ConfigError, match="different config"):
+        sweep._write_config(sweep.Member("p", 0, micro("steps=2", "actor.lr=1e-3"), m.run_dir))
