@@ -58,7 +58,7 @@ def _restore_run(run_dir):
     import jax
 
     from crl_jax.checkpoint import Checkpointer
-    from crl_jax.config import from_dict
+    from crl_jax.config import drop_removed_keys, from_dict
     from crl_jax.run import engine
 
     path = os.path.join(run_dir, "config.json")
@@ -67,7 +67,7 @@ def _restore_run(run_dir):
     with open(path) as f:
         d = json.load(f)
     d.pop("label", None)
-    cfg = from_dict(d)
+    cfg = from_dict(drop_removed_keys(d, path))
     rt, init, _, _ = engine(cfg)
     ck = Checkpointer(run_dir)
     state, step = ck.restore(init(rt, jax.random.key(cfg.seed), cfg))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -55,8 +56,6 @@ class ModelConfig:
 class RolloutConfig:
     groups: int = 4  # G: task instances per step
     group_size: int = 8  # K: rollouts per instance (K/2 guided, K/2 free when split)
-    history: Literal["current", "full"] = "current"  # prompt holds only the current obs, or the whole episode
-    action_format: Literal["constrained", "free_text"] = "constrained"  # one action token, or <answer>..</answer>
     max_action_tokens: int = 1  # tokens generated per turn (free text needs more)
     turn_marker: bool = True  # put "t=N" in the per-turn prompt (current history has no other clock)
     view: Literal["text", "compact"] = "compact"  # tiny loop's prompt: NetHack-style byte text, or compact
@@ -71,10 +70,9 @@ class BankConfig:
     capacity: int = 512  # entries (paper: 20,000), FIFO eviction by default; the tiny default's 40 steps add
     #                      ~480 entries, so nothing is evicted before it could be validated
     entry_len: int = 20  # max tokens of one entry (>= the episode length: a whole plan fits)
-    embedder: Literal["hashed", "minilm", "lm"] = "hashed"  # query/key embedder
-    key_dim: int = 64  # embedding width (hashed embedder; MiniLM is 384)
-    top_k: int = 1  # entries retrieved per guided rollout
-    candidates: int = 16  # C: cosine candidates before diversity rescoring
+    key_dim: int = 64  # width of the hashed n-gram query/key embedding (the one embedder of both paths)
+    candidates: int = 16  # C: cosine candidates before diversity rescoring (one entry is kept per guided
+    #                        rollout: the paper's K_r = 1)
     diversity_lambda: float = 0.4  # lambda in s = -rank - lambda*log(1+times_retrieved) - recent
     recent_steps: int = 1  # an entry retrieved within this many previous steps counts as recent (paper: recent)
     demote_p: float = 0.5  # probability of demoting a recent top-1
@@ -112,7 +110,6 @@ class ExtractorConfig:
     merge_every: int = 5  # steps between merges
     merge_chunk: int = 5  # entries per merge prompt
     merge_max_chunks: int = 0  # chunks (of the oldest entries) rewritten per merge; 0 = the whole bank
-    format: Literal["constrained", "json"] = "constrained"  # op tokens (tiny) or JSON in <answer> (LLM path)
     epochs: int = 2  # optimizer steps on each ready extractor batch (the batch repeated; off-policy ratios)
     min_entry: int = 1  # tiny path: EOS is not allowed before this many entry tokens follow an op token
 
@@ -254,6 +251,39 @@ class Config:
 
 
 # ------------------------------------------------------------------------------------------------
+# Keys removed from the config (issue #15): each one either restated what the path (tiny vs LLM, i.e.
+# `actor.preset`) fixes or had a single legal value, so every run that started held exactly that value
+# (extraction.format was not read at all on the tiny path). A config file or override that names one is an
+# error saying so; a run folder's saved config.json that holds them still loads (`drop_removed_keys`), so
+# runs saved before the removal resume, evaluate and show their bank.
+
+REMOVED_KEYS = {
+    "rollout.history": "the path fixes it: the current observation (tiny models) or the whole conversation "
+                       "(LLM path)",
+    "rollout.action_format": "the path fixes it: one constrained action token (tiny models) or a free-text "
+                             "<answer> reply (LLM path)",
+    "extraction.format": "the path fixes it: operation tokens (tiny models) or JSON operations (LLM path)",
+    "bank.embedder": "the hashed n-gram embedder is the one embedder of both paths",
+    "bank.top_k": "one entry is retrieved per guided rollout (the paper's K_r = 1)",
+}
+
+
+def drop_removed_keys(data: dict, source: str = "saved config") -> dict:
+    """`data` (a nested config dict, e.g. a run folder's config.json) without the `REMOVED_KEYS`; warns
+    naming the ones it dropped. Other unknown keys are left for `from_dict` to reject."""
+    out, dropped = dict(data), []
+    for key in REMOVED_KEYS:
+        section, name = key.split(".")
+        if isinstance(out.get(section), dict) and name in out[section]:
+            out[section] = {k: v for k, v in out[section].items() if k != name}
+            dropped.append(key)
+    if dropped:
+        warnings.warn(f"{source}: ignoring {', '.join(dropped)} (removed from the config: fixed by the path or "
+                      "single-valued)", stacklevel=2)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
 # Loading, overriding, validating
 
 
@@ -316,6 +346,8 @@ def _build(cls, data: Any, prefix: str = ""):
     kw = {}
     for k, v in data.items():
         path = f"{prefix}.{k}" if prefix else k
+        if k not in names and path in REMOVED_KEYS:
+            raise ConfigError(f"{path}: this key was removed ({REMOVED_KEYS[path]}); delete it")
         if k not in names:
             raise ConfigError(f"unknown config key {path!r}; known keys here: {sorted(names)}")
         kw[k] = _check_value(path, hints[k], v)
@@ -420,8 +452,7 @@ def validate(cfg: Config) -> None:
     need(cfg.env.num_eval_tasks >= 1, "env.num_eval_tasks", "must be >= 1")
     need(cfg.bank.capacity >= 1, "bank.capacity", "must be >= 1")
     need(cfg.bank.entry_len >= 1, "bank.entry_len", "must be >= 1")
-    need(cfg.bank.top_k == 1, "bank.top_k", "only top_k=1 is supported by the rollout prompt (paper: K_r=1)")
-    need(cfg.bank.candidates >= cfg.bank.top_k, "bank.candidates", "must be >= bank.top_k")
+    need(cfg.bank.candidates >= 1, "bank.candidates", "must be >= 1")
     need(0.0 <= cfg.bank.demote_p <= 1.0, "bank.demote_p", "must be in [0, 1]")
     need(cfg.extraction.buffer_capacity > cfg.extraction.batch, "extraction.buffer_capacity",
          "must be larger than extraction.batch")

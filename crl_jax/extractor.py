@@ -17,7 +17,6 @@ operation token, or at the response length, and are clipped to `entry_len`:
   op token, an empty response, or an add / update with an empty entry gives (return, invalid).
 - `parse_constrained_ops` -> up to `max_ops` operations, one per op token (the merge format: each
   `<ADD>` starts a merged entry). Text before the first op token is ignored (and flagged).
-- `op_allowed_mask(vocab, op_ids)` -> the first-token mask for constrained decoding.
 
 Operations, structured text (LLMs): `parse_operations` / `parse_operations_with_stats`, re-exported from
 `crl_jax.extractor_json` (JSON list inside `<answer>...</answer>`; never raises).
@@ -68,11 +67,6 @@ def build_distill_prompt(header, goal, trajectory, traj_len, outcome_tokens, ret
     order = [header, goal, r_pre, ret, t_pre, traj, outcome, suf] if moves_last else \
         [header, goal, t_pre, traj, outcome, r_pre, ret, suf]
     return pack_segments(order, size=budget, pad_id=pad_id)
-
-
-def op_allowed_mask(vocab: int, op_ids) -> jnp.ndarray:
-    """bool [vocab]: True exactly at the operation tokens (mask for the response's first token)."""
-    return jnp.zeros((vocab,), bool).at[jnp.asarray(op_ids, jnp.int32)].set(True)
 
 
 def _op_index(tok, op_ids):

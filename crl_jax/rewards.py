@@ -12,9 +12,9 @@ Variants (`entry_rewards(variant, ...)`):
 - "relative_to_free": score_i = success_i - mean_{free j in i's group} success_j (success in {0, 1});
   the entry is credited with the lift over the group's no-experience control. A trajectory whose group
   has no free member gives no evidence and is not counted.
-- "critic": a per-trajectory critic verdict v_i in {-1, 0, 1} (e.g. the actor judging whether the
-  entry helped). mode="override" (reference code): score_i = v_i where v_i != 0, else the ±1 outcome;
-  mode="mean": score_i = (outcome score_i + v_i) / 2.
+
+The reference code's optional critic verdict (an actor judging whether the entry helped) is not a variant
+here: nothing produces verdicts (METHOD.md §3).
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ def relative_to_free_rewards(outcomes: jax.Array, guided: jax.Array, entry_ids: 
     return aggregate_by_entry(succ - free_mean, entry_ids, num_entries, counted=g & (n_free > 0))
 
 
+# Not a variant (nothing produces verdicts); kept only while `crl_jax.losses` still re-exports it. Delete it
+# and its test together with that re-export.
 def critic_rewards(outcomes: jax.Array, verdicts: jax.Array, entry_ids: jax.Array, num_entries: int, *,
                    mode: str = "override") -> EntryRewards:
     """Outcome combined with a per-trajectory critic verdict v in {-1, 0, 1} (0 = no verdict).
@@ -100,12 +102,11 @@ def critic_rewards(outcomes: jax.Array, verdicts: jax.Array, entry_ids: jax.Arra
     return aggregate_by_entry(s, entry_ids, num_entries)
 
 
-VARIANTS = ("outcome", "relative_to_free", "critic")
+VARIANTS = ("outcome", "relative_to_free")  # = the values of `extraction.reward`
 
 
 def entry_rewards(variant: str, outcomes: jax.Array, entry_ids: jax.Array, num_entries: int, *,
-                  guided: jax.Array | None = None, verdicts: jax.Array | None = None,
-                  critic_mode: str = "override") -> EntryRewards:
+                  guided: jax.Array | None = None) -> EntryRewards:
     """Dispatch on the configured variant (see the module docstring); shapes as the chosen function."""
     if variant == "outcome":
         return outcome_rewards(outcomes, entry_ids, num_entries)
@@ -113,8 +114,4 @@ def entry_rewards(variant: str, outcomes: jax.Array, entry_ids: jax.Array, num_e
         if guided is None:
             raise ValueError("extractor reward 'relative_to_free' needs the guided [G, K] mask")
         return relative_to_free_rewards(outcomes, guided, entry_ids, num_entries)
-    if variant == "critic":
-        if verdicts is None:
-            raise ValueError("extractor reward 'critic' needs per-trajectory verdicts in {-1, 0, 1}")
-        return critic_rewards(outcomes, verdicts, entry_ids, num_entries, mode=critic_mode)
     raise ValueError(f"unknown extractor reward variant {variant!r}; choose one of {VARIANTS}")

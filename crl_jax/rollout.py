@@ -24,7 +24,7 @@ so the log-prob stored with it is that of the distribution actually sampled from
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import chex
 import jax
@@ -165,6 +165,3 @@ def first_observation(env, renderer, key, tasks):
     """Rendered first observation tokens [N, Lo] and lengths [N] (the same reset keys `play` uses)."""
     states, _ = jax.vmap(env.reset)(episode_reset_keys(key, tasks.shape[0]), tasks)
     return jax.vmap(renderer)(states)
-
-
-RolloutFn = Callable[..., Episodes]

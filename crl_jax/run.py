@@ -39,7 +39,7 @@ import numpy as np
 
 from crl_jax import distributed, host_loop, llm, loop, pretrain, sharding
 from crl_jax.checkpoint import Checkpointer, step_dirs
-from crl_jax.config import Config, ConfigError, to_dict
+from crl_jax.config import Config, ConfigError, drop_removed_keys, to_dict
 from crl_jax.llm.format_prior import format_prior_id
 from crl_jax.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
 from crl_jax.runtime import build
@@ -133,7 +133,7 @@ def _check_saved_config(out_dir: str, cfg: Config) -> None:
             saved = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise RunFolderError(f"{path} cannot be read ({e}); pass --overwrite to start this folder again") from None
-    diff = config_diff(saved, to_dict(cfg))
+    diff = config_diff(drop_removed_keys(saved, path), to_dict(cfg))
     if diff:
         raise RunFolderError(f"run folder {out_dir} holds a run with another config: {'; '.join(diff[:8])}"
                              f"{' ...' if len(diff) > 8 else ''}; use the same config, another --out, or "

@@ -156,10 +156,6 @@ def _build(cfg: Config) -> Runtime:
     from crl_jax.envs.adapters import names as adapter_names
 
     is_host = cfg.env.name in adapter_names()
-    if cfg.rollout.history != "current" or cfg.rollout.action_format != "constrained":
-        raise ConfigError("rollout: the tiny loop (built-in and host-side environments) uses rollout.history=current "
-                          "and rollout.action_format=constrained; full history and free-text answers are the LLM "
-                          "path's (a pretrained actor.preset, see experiments/configs/smollm2_room.yaml)")
     if is_host:
         from crl_jax.host_env import host_envs
 
@@ -212,9 +208,6 @@ def _build(cfg: Config) -> Runtime:
     ecfg = _model_config(cfg.extractor, tok.vocab_size)
     agd = nnx.graphdef(nnx.eval_shape(lambda: tr.create(acfg, jax.random.key(0))))
     egd = nnx.graphdef(nnx.eval_shape(lambda: tr.create(ecfg, jax.random.key(0))))
-    if cfg.bank.embedder != "hashed":
-        raise ConfigError(f"bank.embedder={cfg.bank.embedder!r}: the tiny loop uses the hashed embedder; "
-                          "minilm / lm embedders are for the LLM path")
     embedder = HashedNgramEmbedder(dim=cfg.bank.key_dim)
     if cfg.extraction.max_new_tokens - 1 > cfg.bank.entry_len:
         raise ConfigError("extraction.max_new_tokens: entries (max_new_tokens - 1 tokens) must fit "

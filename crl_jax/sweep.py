@@ -47,7 +47,7 @@ import yaml
 
 from crl_jax import loop
 from crl_jax.checkpoint import Checkpointer
-from crl_jax.config import Config, ConfigError, load, to_dict
+from crl_jax.config import Config, ConfigError, drop_removed_keys, load, to_dict
 from crl_jax.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
 from crl_jax.runtime import Runtime, build
 
@@ -251,7 +251,7 @@ def _write_config(m: Member) -> None:
     now = {**to_dict(m.cfg), "label": m.point}
     if os.path.exists(path):
         with open(path) as f:
-            if _comparable(json.load(f)) != _comparable(now):
+            if _comparable(drop_removed_keys(json.load(f), path)) != _comparable(now):
                 raise ConfigError(f"run folder {m.run_dir} holds a run with a different config; use another --out")
     with open(path, "w") as f:
         json.dump(now, f, indent=2)

@@ -1,4 +1,4 @@
-"""One process of the 2-process localhost test (tests/test_multihost.py); not a test module.
+"""One process of the 2-process localhost test (tests/slow/test_multihost.py); not a test module.
 
 argv: coordinator process_id num_processes out_dir. Runs the micro config's sharded chunk on a (2, 2, 2)
 mesh over all processes' devices, saves and restores an Orbax checkpoint collectively, and (process 0)

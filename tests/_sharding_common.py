@@ -1,12 +1,12 @@
 """Shared runs for the sharding tests (module-level caches: each compiled program is built once per
-pytest process). The micro config of test_loop, 2 steps (one of them with evaluation)."""
+pytest process). The micro config of test_loop (_micro.MICRO), 2 steps (one of them with evaluation)."""
 
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from test_loop import MICRO
+from _micro import MICRO
 
 from crl_jax import loop, sharding
 from crl_jax.config import MeshConfig, load

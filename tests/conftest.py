@@ -2,11 +2,19 @@
 level 0 (tests run many small programs once: compile time dominates, ~40% less of it), float32 matmuls,
 and a persistent XLA compilation cache private to this test session (a fresh folder, removed at the end):
 the compiled programs are dropped after every module to bound memory, and modules (and the multi-host
-worker processes, which inherit the folder) that compile the same program again load it from disk."""
+worker processes, which inherit the folder) that compile the same program again load it from disk.
+
+Layout: tests/unit (pure functions and small pieces), tests/integration (several pieces together: the loop,
+run folders and the CLI, the LLM loop), tests/slow (modules marked `slow` or loading real models / reference
+implementations). The shared helpers (`_checkpoints`, `_llm_common`, `_sharding_common`, the multi-host worker)
+and the golden files stay here at tests/; this folder is put on sys.path so every sub-folder imports them."""
 
 import os
 import shutil
+import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared helpers (tests/_*.py)
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

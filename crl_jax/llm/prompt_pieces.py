@@ -1,6 +1,6 @@
 """The actor's and the extractor's prompts as token pieces (host) and their packing (jit).
 
-Actor, `history="full"`: the prompt of turn t is the whole conversation so far, in the model's chat
+Actor (the LLM path keeps the full history): the prompt of turn t is the whole conversation so far, in the model's chat
 format:
 
     head  = [system: actor_system with the experience block (guided only)] [user: actor_turn up to the

@@ -182,14 +182,6 @@ def _load(m):
 
 def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=None) -> LLMRuntime:
     """`tokenizer` / `*_config`: test hooks (random-init models of the given shapes with this tokenizer)."""
-    if cfg.extraction.format != "json":
-        raise ConfigError("extraction.format: the LLM path writes JSON operations; set extraction.format=json")
-    if cfg.rollout.action_format != "free_text":
-        raise ConfigError("rollout.action_format: the LLM path uses free_text answers")
-    if cfg.rollout.history != "full":
-        raise ConfigError("rollout.history: the LLM path keeps the full conversation (history=full)")
-    if cfg.bank.embedder != "hashed":
-        raise ConfigError(f"bank.embedder={cfg.bank.embedder!r}: the LLM path supports the hashed embedder")
     try:
         env = envs.make(cfg.env.name, pool="train", num_tasks=cfg.env.num_train_tasks, pool_seed=cfg.env.pool_seed,
                         **cfg.env.params)

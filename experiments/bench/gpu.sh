@@ -2,7 +2,7 @@
 # Every GPU benchmark of issue #16 in one run (<= 8 minutes on one H200), one results file.
 #
 #   experiments/bench/gpu.sh [RESULTS.json]          # default: $OUT/gpu_results.json, else ./gpu_results.json
-#   experiments/bench/gpu.sh --smoke [RESULTS.json]  # tiny sizes on CPU in tens of seconds (CI: tests/test_gpu_script.py)
+#   experiments/bench/gpu.sh --smoke [RESULTS.json]  # tiny sizes on CPU in tens of seconds (CI: tests/integration/test_gpu_script.py)
 #   LLM_BUDGET_S=420 experiments/bench/gpu.sh --llm-only [RESULTS.json]  # the [llm] GPU run as its own call
 #
 # Steps (each under its own `timeout`, so one slow step cannot eat the others' time; a failed or timed-out
@@ -60,7 +60,7 @@ elif [ "$SMOKE" = 1 ]; then  # generous limits: they only catch hangs (a loaded 
   step train_mfu 150 train_mfu.py --smoke --variants chunked,full
   step logprob_memory 150 logprob_memory.py --smoke --time 1
   # iteration.py compiles the whole loop (minutes on a CPU): the smoke run only checks that it imports and
-  # parses its arguments; tests/test_loop.py runs the loop itself.
+  # parses its arguments; tests/integration/test_loop.py runs the loop itself.
   timeout 150 "$PY" experiments/bench/iteration.py --help >"$WORK/iteration.log" 2>&1
   echo "$? 0" >"$WORK/iteration.rc"
 else

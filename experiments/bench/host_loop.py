@@ -22,7 +22,7 @@ from crl_jax.config import load
 from crl_jax.runtime import build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# The micro config of tests/test_host_loop.py.
+# The micro config of tests/slow/test_host_loop.py.
 MICRO = ["env.name=minihack-room", "env.params.variant=ultimate", "env.params.max_obs_tokens=200",
          "rollout.groups=2", "rollout.group_size=2", "env.max_turns=3", "env.num_train_tasks=4",
          "env.num_eval_tasks=4", "extraction.batch=4", "extraction.buffer_capacity=16", "bank.capacity=16",

@@ -4,7 +4,7 @@ Before: the layer scan took the cache's k / v stacks as scanned inputs and retur
 outputs (XLA writes a fresh [L, B, S, Hkv, D] buffer per model call, i.e. a copy of the whole cache per
 decode step), and every decode step attended over all S = P + N slots of the cache, however few were
 written. `legacy_sample_tokens` is `crl_jax.sampling.sample_tokens` with that forward; the test
-tests/test_decode_cache.py checks that the library's greedy tokens equal these.
+tests/unit/test_decode_cache.py checks that the library's greedy tokens equal these.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Tunix Llama3 model with `create_dummy_model(..., scale=0.1)`, writes its paramet
 (`'/'`-joined Tunix paths), and `tunix_to_crl` turns them into this project's stacked layout.
 
 Pure helpers here (`bench_shape`, `tunix_to_crl`, `crl_config`) import neither tunix nor the venv and
-are unit-tested in `tests/test_bench_tunix.py`.
+are unit-tested in `tests/unit/test_bench_tunix.py`.
 """
 
 from __future__ import annotations

@@ -235,6 +235,33 @@ def test_failed_start_then_corrected_command_and_mismatch_names_keys(tmp_path):
         train(d, 2, "actor.lr=1e-3", "rollout.groups=3")
 
 
+OLD_KEYS = {"rollout": {"history": "current", "action_format": "constrained"}, "extraction": {"format": "constrained"},
+            "bank": {"embedder": "hashed", "top_k": 1}}  # removed in #15 (fixed by the path or single-valued)
+
+
+def _add_old_keys(d):
+    p = d / "config.json"
+    saved = json.loads(p.read_text())
+    for section, kv in OLD_KEYS.items():
+        saved[section].update(kv)
+    p.write_text(json.dumps(saved))
+
+
+def test_a_run_saved_with_removed_keys_resumes_and_restores_with_a_warning(tmp_path):
+    d = tmp_path / "run"
+    train(d, 1)
+    _add_old_keys(d)
+    with pytest.warns(UserWarning, match=r"ignoring rollout\.history, rollout\.action_format, extraction\.format, "
+                                         r"bank\.embedder, bank\.top_k"):
+        train(d, 2)
+    assert [r["step"] for r in read_csv(os.path.join(d, "metrics.csv"))] == ["1", "2"]
+    assert "history" not in json.loads((d / "config.json").read_text())["rollout"]  # rewritten without them
+    _add_old_keys(d)
+    with pytest.warns(UserWarning, match="bank.top_k"):  # the restore of `crl-jax eval` and `crl-jax bank`
+        cfg, _, _, step = cli._restore_run(str(d))
+    assert step == 2 and cfg == tiny("steps=2")
+
+
 # ------------------------------------------------------------------------------------------------
 # bad files: one line naming the file (and line), exit 2
 
@@ -285,15 +312,14 @@ def test_bad_model_files_exit_2_with_one_line(tmp_path, capsys, name, data, need
     f = tmp_path / name
     f.write_bytes(data)
     code, err = crl_main(capsys, "train", "--quiet", "--steps", "1", "--out", str(tmp_path / "r"),
-                         f"actor.preset={f}", f"extractor.preset={f}", "extraction.format=json",
-                         "rollout.action_format=free_text", "rollout.history=full")
+                         f"actor.preset={f}", f"extractor.preset={f}")
     assert code == 2 and len(err) == 1 and needle in err[0] and str(f) in err[0], err
 
 
 def test_preset_typo_names_the_preset_and_lists_known_ones(capsys, tmp_path):
     code, err = crl_main(capsys, "train", "--out", str(tmp_path / "r"), "actor.preset=smollm-135m")
     assert code == 2 and len(err) == 1 and "actor.preset" in err[0] and "'smollm-135m'" in err[0]
-    assert "smollm2-135m" in err[0] and "extraction.format" not in err[0]
+    assert "smollm2-135m" in err[0]
 
 
 @pytest.mark.parametrize("ov,needle", [("actor.lr=inf", "actor.lr: must be a finite"),

@@ -8,9 +8,10 @@ import shutil
 
 import numpy as np
 import pytest
-from test_loop import MICRO, micro
+from _micro import MICRO, micro
 
 from crl_jax import sweep
+from crl_jax.config import ConfigError
 from crl_jax.run import run
 from crl_jax.metrics import read_csv
 from crl_jax.sweep import SweepSpec, _flat_overrides, expand, load_spec, plan, run_sweep
@@ -111,7 +112,7 @@ def test_resume(swept, singles, tmp_path):
     logs = []
     run_sweep(longer, cont, chunk=2, progress=False, plot=False, log=logs.append)
     assert "resumed 4 runs from step 2" in logs
-    ref = str(tmp_path / "ref")  # the single run resumed to 4 steps (== uninterrupted, tests/test_loop.py)
+    ref = str(tmp_path / "ref")  # the single run resumed to 4 steps (== uninterrupted, tests/integration/test_loop.py)
     shutil.copytree(singles["crl", 0], ref)
     run(micro("method=crl", "seed=0", "steps=4"), ref, progress=False, label="crl")
     assert _read(os.path.join(cont, "crl", "seed0", "metrics.csv")) == _read(os.path.join(ref, "metrics.csv"))
@@ -144,7 +145,7 @@ def test_load_spec_and_cli_dry_run(tmp_path, capsys):
     assert load_spec(str(f), seeds=2, steps=3).seeds == (0, 1)
     import importlib.util
 
-    path = os.path.join(os.path.dirname(__file__), "..", "experiments", "sweep.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "sweep.py")
     mod = importlib.util.spec_from_file_location("sweep_cli", path)
     cli = importlib.util.module_from_spec(mod)
     mod.loader.exec_module(cli)
@@ -176,3 +177,20 @@ def test_demo_runs_every_run_alone_and_equals_single_runs(singles, tmp_path, cap
     assert "held-in, with exp" in table and "n/a" in table  # grpo has no with-experience evaluation
     assert os.path.getsize(os.path.join(out, "comparison.png")) > 0
     assert "plot:" in capsys.readouterr().out
+
+
+def test_a_member_folder_saved_with_removed_keys_is_still_the_same_run(tmp_path):
+    """config.json of a sweep member written before keys were removed from the config (#15): no mismatch."""
+    m = sweep.Member("p", 0, micro("steps=2"), str(tmp_path / "p" / "seed0"))
+    sweep._write_config(m)
+    path = os.path.join(m.run_dir, "config.json")
+    with open(path) as f:
+        saved = json.load(f)
+    saved["bank"]["top_k"] = 1
+    saved["rollout"]["history"] = "current"
+    with open(path, "w") as f:
+        json.dump(saved, f)
+    with pytest.warns(UserWarning, match=r"ignoring rollout\.history, bank\.top_k"):
+        sweep._write_config(m)
+    with pytest.raises(ConfigError, match="different config"):
+        sweep._write_config(sweep.Member("p", 0, micro("steps=2", "actor.lr=1e-3"), m.run_dir))

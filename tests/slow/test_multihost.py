@@ -12,7 +12,7 @@ from _sharding_common import COMPARED, on_mesh
 from crl_jax import distributed
 from crl_jax.config import DistributedConfig
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: the shared helpers and the worker
 
 
 def _free_port():
@@ -46,10 +46,10 @@ def test_two_processes_equal_single_process_8_devices(tmp_path):
     coord = f"127.0.0.1:{_free_port()}"
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([os.path.dirname(TESTS), TESTS, os.environ.get("PYTHONPATH", "")]))
     for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(k, None)
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "_multihost_worker.py"), coord, str(i), "2",
+    procs = [subprocess.Popen([sys.executable, os.path.join(TESTS, "_multihost_worker.py"), coord, str(i), "2",
                                str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
     # the single-process reference compiles while the workers do

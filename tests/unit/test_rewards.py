@@ -61,10 +61,17 @@ class RewardsTest(chex.TestCase):
     def test_dispatch_and_errors(self):
         outcomes, ids = jnp.array([1.0, 0.0]), jnp.array([0, 0])
         _check(R.entry_rewards("outcome", outcomes, ids, 1), [0.0], [2], [0.0])
-        _check(R.entry_rewards("critic", outcomes, ids, 1, verdicts=jnp.array([0, 1])), [2.0], [2], [1.0])
+        _check(R.entry_rewards("relative_to_free", outcomes[None], ids[None], 1, guided=jnp.array([[True, False]])),
+               [1.0], [1], [1.0])
         with pytest.raises(ValueError, match="guided"):
             R.entry_rewards("relative_to_free", outcomes, ids, 1)
-        with pytest.raises(ValueError, match="verdicts"):
-            R.entry_rewards("critic", outcomes, ids, 1)
-        with pytest.raises(ValueError, match="unknown extractor reward"):
-            R.entry_rewards("bogus", outcomes, ids, 1)
+        for gone in ("critic", "bogus"):  # the reference code's critic verdict is not a variant (nothing makes one)
+            with pytest.raises(ValueError, match="unknown extractor reward"):
+                R.entry_rewards(gone, outcomes, ids, 1)
+
+    def test_variants_are_the_config_values(self):
+        import typing
+
+        from crl_jax.config import ExtractorConfig
+
+        assert R.VARIANTS == typing.get_args(typing.get_type_hints(ExtractorConfig)["reward"])

@@ -23,11 +23,10 @@ from crl_jax.llm.distill import parse_responses
 from crl_jax.llm.rollout import play
 from crl_jax.models import transformer as tr
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = {"rollout": {"groups": 2, "group_size": 2, "history": "full", "action_format": "free_text",
-                     "max_action_tokens": 8},
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMALL = {"rollout": {"groups": 2, "group_size": 2, "max_action_tokens": 8},
          "env": {"max_turns": 3, "num_train_tasks": 4, "num_eval_tasks": 4},
-         "extraction": {"format": "json", "max_new_tokens": 16, "prompt_len": 640, "batch": 2, "buffer_capacity": 8},
+         "extraction": {"max_new_tokens": 16, "prompt_len": 640, "batch": 2, "buffer_capacity": 8},
          "bank": {"entry_len": 24, "capacity": 16, "key_dim": 64},
          "eval": {"every": 0, "tasks": 1}}
 

@@ -1,8 +1,11 @@
 """Config: YAML + dotted overrides, typed validation with messages that name the key."""
 
+import json
+
 import pytest
 
-from crl_jax.config import Config, ConfigError, load, parse_overrides
+from crl_jax.config import (REMOVED_KEYS, Config, ConfigError, drop_removed_keys, from_dict, load, parse_overrides,
+                            to_dict)
 
 
 def test_defaults_are_the_embedded_default():
@@ -69,3 +72,32 @@ def test_method_switches():
 def test_dotted_env_params_override_merges_into_default_params():
     assert load(None, ["env.params.crop=1"]).env.params == {"dark": True, "crop": 1, "legend": False}
     assert load(None, ["env.name=maze", "env.params.size=7"]).env.params == {"size": 7}  # another env: its own
+
+
+@pytest.mark.parametrize("key", sorted(REMOVED_KEYS))
+def test_removed_keys_are_rejected_in_files_and_overrides_with_the_reason(key, tmp_path):
+    section, name = key.split(".")
+    with pytest.raises(ConfigError, match=f"^{key}: this key was removed") as e:
+        load(None, [f"{key}=1"])
+    assert REMOVED_KEYS[key] in str(e.value)
+    p = tmp_path / "c.yaml"
+    p.write_text(f"{section}:\n  {name}: x\n")
+    with pytest.raises(ConfigError, match=f"^{key}: this key was removed"):
+        load(str(p))
+
+
+def test_a_saved_config_with_removed_keys_loads_with_a_warning():
+    """A run folder's config.json written before the removal: the keys held the one value their path
+    accepted, so dropping them gives the same Config."""
+    saved = to_dict(load(None, ["rollout.groups=2"]))
+    old = json.loads(json.dumps(saved))
+    old["rollout"].update(history="current", action_format="constrained")
+    old["extraction"]["format"] = "constrained"
+    old["bank"].update(embedder="hashed", top_k=1)
+    with pytest.warns(UserWarning, match="run/config.json: ignoring rollout.history"):
+        assert drop_removed_keys(old, "run/config.json") == saved
+    assert old["rollout"]["history"] == "current"  # the input is not modified
+    with pytest.warns(UserWarning):
+        assert from_dict(drop_removed_keys(old)) == load(None, ["rollout.groups=2"])
+    with pytest.raises(ConfigError, match="unknown config key 'bank.bogus'"):  # other unknown keys still fail
+        from_dict(drop_removed_keys({**saved, "bank": {**saved["bank"], "bogus": 1}}))

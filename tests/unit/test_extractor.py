@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from crl_jax.extractor import (ADD, RETURN, UPDATE, Operation, build_distill_prompt, op_allowed_mask,
+from crl_jax.extractor import (ADD, RETURN, UPDATE, Operation, build_distill_prompt,
                                parse_constrained, parse_constrained_ops, parse_operations,
                                parse_operations_with_stats)
 from crl_jax.packing import pack_segments, truncate_left, truncate_right
@@ -115,11 +115,6 @@ def test_parse_constrained_ops_literal():
     assert L(r.mask) == [False, False] and int(r.num_ops) == 1 and not bool(r.stray)
     r = f(A([302, 301, 5, 0]), 4)
     assert L(r.op) == [RETURN, UPDATE] and L(r.mask) == [False, True] and L(r.entry[1]) == [5, 0, 0]
-
-
-def test_op_allowed_mask():
-    m = op_allowed_mask(304, A(OPS))
-    assert m.shape == (304,) and L(jnp.nonzero(m)[0]) == [300, 301, 302]
 
 
 # --- JSON operations -----------------------------------------------------------------------------------

@@ -18,16 +18,9 @@ from crl_jax.metrics import ALL_COLUMNS
 from crl_jax.rollout import build_prompt
 from crl_jax.runtime import build
 
-pytestmark = pytest.mark.slow
+from _micro import HOST_MICRO as MICRO  # tests/_micro.py
 
-MICRO = ["env.name=minihack-room", "env.params.variant=ultimate", "env.params.max_obs_tokens=200",
-         "rollout.groups=2", "rollout.group_size=2", "env.max_turns=3", "env.num_train_tasks=4",
-         "env.num_eval_tasks=4", "extraction.batch=4", "extraction.buffer_capacity=16", "bank.capacity=16",
-         "eval.tasks=3", "eval.every=2", "extraction.merge_every=2", "extraction.merge=true", "loss.turn_rows=8",
-         "actor.hidden_size=32", "actor.num_layers=1", "actor.intermediate_size=64",
-         "extractor.hidden_size=32", "extractor.num_layers=1", "extractor.intermediate_size=64",
-         "extraction.max_new_tokens=6", "bank.entry_len=8", "extraction.prompt_len=200",
-         "rollout.view=text", "rollout.tip_window=0", "pretrain.enabled=false"]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import crl_jax.llm as L
 from crl_jax.config import load
 from crl_jax.metrics import MetricsWriter, read_csv, rows_from_chunk
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.slow

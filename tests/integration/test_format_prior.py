@@ -17,11 +17,10 @@ from crl_jax.llm import format_prior as fpm
 from crl_jax.llm.answer import parse_prefilled_text
 from crl_jax.models import transformer as tr
 
-SMALL = {"rollout": {"groups": 2, "group_size": 2, "history": "full", "action_format": "free_text",
-                     "max_action_tokens": 8},
+SMALL = {"rollout": {"groups": 2, "group_size": 2, "max_action_tokens": 8},
          "env": {"max_turns": 2, "num_train_tasks": 4, "num_eval_tasks": 2,
                  "params": {"dark": False, "crop": 0, "legend": True}},
-         "extraction": {"format": "json", "max_new_tokens": 48, "prompt_len": 700},
+         "extraction": {"max_new_tokens": 48, "prompt_len": 700},
          "bank": {"entry_len": 40, "capacity": 16, "key_dim": 64},
          "format_prior": {"actor_steps": 1, "extractor_steps": 0, "batch": 2}, "lora": {"rank": 2}}
 

@@ -14,7 +14,7 @@ from flax import nnx
 from crl_jax import sampling as S
 from crl_jax.models import transformer as tr
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "experiments", "bench", "legacy_decode.py")
+_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "bench", "legacy_decode.py")
 _spec = importlib.util.spec_from_file_location("legacy_decode", _PATH)
 LD = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(LD)

@@ -6,24 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _micro import MICRO, micro
 
 from crl_jax import loop
 from crl_jax.config import load
 from crl_jax.metrics import COLUMNS, read_csv
 from crl_jax.run import run
 from crl_jax.runtime import build
-
-MICRO = ["rollout.groups=2", "rollout.group_size=4", "env.max_turns=3", "env.num_train_tasks=4",
-         "env.num_eval_tasks=4", "env.params.crop=0", "extraction.batch=4", "extraction.buffer_capacity=16",
-         "bank.capacity=16", "eval.tasks=2", "eval.every=2", "extraction.merge_every=2", "extraction.merge=true", "loss.turn_rows=8",
-         "actor.hidden_size=32", "actor.num_layers=1", "actor.intermediate_size=64",
-         "extractor.hidden_size=32", "extractor.num_layers=1", "extractor.intermediate_size=64",
-         "extraction.max_new_tokens=6", "bank.entry_len=8", "extraction.prompt_len=120", "checkpoint_every=2",
-         "pretrain.actor_steps=20", "pretrain.extractor_steps=20", "pretrain.batch=8"]
-
-
-def micro(*extra):
-    return load(None, MICRO + list(extra))
 
 
 def test_cli_run_columns_determinism_and_resume(tmp_path):

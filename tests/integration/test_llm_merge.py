@@ -17,12 +17,11 @@ from crl_jax.llm import merge as llm_merge
 from crl_jax.merge_step import merge_into
 from crl_jax.models import transformer as tr
 
-GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+GOLDEN = os.path.join(os.path.dirname(__file__), "..", "golden")
 L = 24  # bank.entry_len
-SMALL = {"rollout": {"groups": 2, "group_size": 2, "history": "full", "action_format": "free_text",
-                     "max_action_tokens": 8},
+SMALL = {"rollout": {"groups": 2, "group_size": 2, "max_action_tokens": 8},
          "env": {"max_turns": 2, "num_train_tasks": 4, "num_eval_tasks": 4},
-         "extraction": {"format": "json", "max_new_tokens": 48, "prompt_len": 640, "batch": 2,
+         "extraction": {"max_new_tokens": 48, "prompt_len": 640, "batch": 2,
                         "buffer_capacity": 8, "merge_chunk": 5},
          "bank": {"entry_len": L, "capacity": 16, "key_dim": 8},
          "eval": {"every": 0, "tasks": 1}}

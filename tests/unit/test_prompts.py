@@ -14,7 +14,7 @@ from crl_jax.llm import prompt_pieces as pp
 from crl_jax.llm.runtime import load_tokenizer
 from crl_jax.packing import pack_segments
 
-GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+GOLDEN = os.path.join(os.path.dirname(__file__), "..", "golden")
 ENTRY = "<title>Sweep the walls</title><content>When the stairs are not in sight, walk along a wall.</content>"
 
 

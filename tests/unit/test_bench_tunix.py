@@ -15,7 +15,7 @@ from flax import nnx
 
 from crl_jax.models import transformer as tr
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "experiments", "bench", "tunix_common.py")
+_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "bench", "tunix_common.py")
 _spec = importlib.util.spec_from_file_location("tunix_common", _PATH)
 tc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tc)
