@@ -5,7 +5,7 @@ the episode's advantage. With `seq_mean_token_mean` an episode's action tokens c
 the row weight is the episode weight divided by its number of turns, so each episode weighs the same
 whatever its length (and the split-GRPO weights make each subgroup weigh 1/2 of its group). With
 `token_mean` every played turn weighs the same. Rows carry their episode's index, so `loss.ratio=sequence`
-shares one ratio per episode (`constrained_losses.actor_turn_loss`).
+shares one ratio per episode (`loss_fns.actor_turn_loss`).
 
 PPO epochs: with `loss.epochs` x `loss.minibatches` > 1 the rows are shuffled once per epoch and cut into
 minibatches, stacked along a leading [epochs * minibatches] axis (one optimizer step each, in order;
@@ -20,8 +20,8 @@ import jax.numpy as jnp
 
 from crl_jax import buffer as buffer_lib
 from crl_jax import losses, pretrain
+from crl_jax.loss_fns import TurnBatch
 from crl_jax.packing import pack_segments
-from crl_jax.constrained_losses import TurnBatch
 from crl_jax.train_state import ExtractorBatch
 
 

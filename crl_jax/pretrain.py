@@ -43,9 +43,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from crl_jax.constrained_losses import PriorRows, actor_prior_loss, extractor_prior_loss
 from crl_jax.envs.compact import probe_obs
 from crl_jax.envs.base import G_AGENT, G_BLANK, G_DOWN, G_FLOOR, G_UP, G_WALL, Obs
+from crl_jax.loss_fns import PriorRows, actor_prior_loss, extractor_prior_loss
 from crl_jax.models import transformer as tr
 from crl_jax.packing import pack_segments
 from crl_jax.rollout import build_prompt

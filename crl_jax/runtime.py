@@ -25,7 +25,7 @@ from crl_jax.envs.actions import action_allowed_mask, action_token_ids, tiny_tok
 from crl_jax.envs.compact import compact_vocabulary, grid_shape, make_compact_renderer
 from crl_jax.envs.render import make_token_renderer
 from crl_jax import train_state as ts
-from crl_jax.constrained_losses import actor_turn_loss, extractor_constrained_loss
+from crl_jax.loss_fns import actor_turn_loss, extractor_constrained_loss
 from crl_jax.models import transformer as tr
 from crl_jax.models.embed import HashedNgramEmbedder
 from crl_jax.rollout import Segments

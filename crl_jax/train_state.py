@@ -15,8 +15,8 @@ gradients and AdamW steps:
   denominator that does not depend on params, so accumulation is exact: sum the numerators' gradients
   and divide by the summed denominators. Metrics are averaged over micro-batches.
 
-Loss callbacks are factories (`actor_ppo_loss(cfg)`, `extractor_cispo_loss(cfg)`), each
-`fn(graphdef, params, batch) -> (num, (den, metrics))`; a loop with its own batch format passes its own.
+The loss callbacks (`LossFn`: `fn(graphdef, params, batch) -> (num, (den, metrics))`) of both training
+paths are built by the factories of `crl_jax.loss_fns`; a loop with its own batch format passes its own.
 
 Split GRPO: set `ActorBatch.weight = losses.split_group_weights(guided).reshape(-1)` (1 / (number of
 non-empty subgroups x subgroup size)) and the actor loss is the mean over groups of the mean of the
@@ -26,9 +26,7 @@ weight = 1 everywhere. Padding rows get weight 0.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import chex
@@ -67,6 +65,11 @@ def create_train_state(model: nnx.Module, tx: optax.GradientTransformation) -> T
     graphdef, params = nnx.split(model, nnx.Param)
     return TrainState(graphdef=graphdef, tx=tx, params=params, opt_state=tx.init(params),
                       step=jnp.zeros((), jnp.int32), nonfinite_count=jnp.zeros((), jnp.int32))
+
+
+# The loss-callback contract: fn(graphdef, params, batch) -> (num, (den, metrics)), loss = num / den with
+# den independent of params. The callbacks of both training paths are in `crl_jax.loss_fns`.
+LossFn = Callable[[Any, Any, Any], tuple]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,58 +130,6 @@ def token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, *, with
     if with_entropy:
         entropy = jnp.where(valid, jnp.concatenate([pad, ent], axis=1), 0.0)
     return logp, entropy
-
-
-# ----------------------------------------------------------------------------------------------
-# Loss callbacks
-
-
-@dataclass(frozen=True)
-class PPOLossConfig:
-    clip_eps: float = 0.2
-    ratio: str = "token"  # "token" | "sequence"
-    aggregation: str = "seq_mean_token_mean"  # | "token_mean"
-    kl_coef: float = 0.0  # k3 KL to ActorBatch.ref_logp; off, as in the paper
-    entropy_metric: bool = True
-
-
-@dataclass(frozen=True)
-class CISPOLossConfig:
-    eps_low: float = 0.1
-    eps_high: float = 0.1
-    entropy_metric: bool = True
-
-
-LossFn = Callable[[Any, Any, Any], tuple]
-
-
-def actor_ppo_loss(cfg: PPOLossConfig = PPOLossConfig()) -> LossFn:
-    """fn(graphdef, params, ActorBatch) -> (num, (den, metrics)) of `losses.ppo_clip_loss`."""
-
-    def fn(graphdef, params, batch: ActorBatch):
-        mask = batch.loss_mask.astype(bool) & (jnp.arange(batch.tokens.shape[1]) >= 1)[None, :]
-        logp, ent = token_logprobs(graphdef, params, batch.tokens, mask, with_entropy=cfg.entropy_metric)
-        num, den, metrics = losses.ppo_clip_loss_parts(
-            logp, batch.behavior_logp, batch.advantages, mask, clip_eps=cfg.clip_eps, ratio=cfg.ratio,
-            aggregation=cfg.aggregation, sample_weight=batch.weight, entropy_t=ent,
-            ref_logp=batch.ref_logp, kl_coef=cfg.kl_coef)
-        return num, (den, metrics)
-
-    return fn
-
-
-def extractor_cispo_loss(cfg: CISPOLossConfig = CISPOLossConfig()) -> LossFn:
-    """fn(graphdef, params, ExtractorBatch) -> (num, (den, metrics)) of `losses.cispo_loss`."""
-
-    def fn(graphdef, params, batch: ExtractorBatch):
-        mask = batch.loss_mask.astype(bool) & (jnp.arange(batch.tokens.shape[1]) >= 1)[None, :]
-        logp, ent = token_logprobs(graphdef, params, batch.tokens, mask, with_entropy=cfg.entropy_metric)
-        num, den, metrics = losses.cispo_loss_parts(
-            logp, batch.behavior_logp, batch.advantages, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-            entropy_t=ent)
-        return num, (den, metrics)
-
-    return fn
 
 
 # ----------------------------------------------------------------------------------------------
@@ -264,13 +215,14 @@ def _prefix(tag: str, metrics: dict) -> dict:
     return {f"{tag}/{k}": v for k, v in metrics.items()}
 
 
-def make_co_update(actor_loss_fn: LossFn | None = None, extractor_loss_fn: LossFn | None = None, *,
+def make_co_update(actor_loss_fn: LossFn, extractor_loss_fn: LossFn, *,
                    microbatches: int = 1, extractor_microbatches: int | None = None,
                    actor_steps: int = 1, extractor_steps: int = 1, donate: bool = True, max_traces: int | None = None, compiler_options: dict | None = None):
     """The jit-compiled co-update (actor_state, extractor_state, actor_batch, extractor_batch) ->
     (actor_state, extractor_state, metrics); both states are donated.
 
-    Defaults: PPO-clip actor (`actor_ppo_loss()`), CISPO extractor (`extractor_cispo_loss()`).
+    The two loss callbacks come from `crl_jax.loss_fns` (LLM path: `actor_ppo_loss(cfg)`,
+    `extractor_cispo_loss(cfg)`; tiny path: `actor_turn_loss(...)`, `extractor_constrained_loss(...)`).
     `max_traces` wraps the program in `chex.assert_max_traces` (a retrace guard for tests);
     `compiler_options` go to `jax.jit` (e.g. {"xla_backend_optimization_level": 0} for fast CPU compiles).
     `actor_steps` / `extractor_steps` > 1: the batch carries a leading [steps] axis and each model takes
@@ -278,8 +230,6 @@ def make_co_update(actor_loss_fn: LossFn | None = None, extractor_loss_fn: LossF
     The states' static parts (graphdef, tx) are part of the compiled signature: build the optimizer
     once and reuse it for every state (including restored ones) to avoid recompiling.
     """
-    actor_loss_fn = actor_loss_fn or actor_ppo_loss()
-    extractor_loss_fn = extractor_loss_fn or extractor_cispo_loss()
     ext_mb = microbatches if extractor_microbatches is None else extractor_microbatches
 
     def co_update_fn(actor_state, extractor_state, actor_batch, extractor_batch):
@@ -300,19 +250,3 @@ def make_co_update(actor_loss_fn: LossFn | None = None, extractor_loss_fn: LossF
     fn = chex.assert_max_traces(co_update_fn, n=max_traces) if max_traces else co_update_fn
     return jax.jit(fn, donate_argnums=(0, 1) if donate else (), compiler_options=compiler_options)
 
-
-@functools.lru_cache(maxsize=16)
-def _cached_co_update(actor_loss_cfg, extractor_loss_cfg, microbatches):
-    return make_co_update(actor_ppo_loss(actor_loss_cfg), extractor_cispo_loss(extractor_loss_cfg),
-                          microbatches=microbatches)
-
-
-def co_update(actor_state: TrainState, extractor_state: TrainState, actor_batch: ActorBatch,
-              extractor_batch: ExtractorBatch, *, actor_loss_cfg: PPOLossConfig = PPOLossConfig(),
-              extractor_loss_cfg: CISPOLossConfig = CISPOLossConfig(), microbatches: int = 1):
-    """Convenience entry: the cached compiled `make_co_update` program for these (hashable) configs.
-
-    Donates both input states: do not use them after the call.
-    """
-    fn = _cached_co_update(actor_loss_cfg, extractor_loss_cfg, microbatches)
-    return fn(actor_state, extractor_state, actor_batch, extractor_batch)

@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from crl_jax import envs
+from crl_jax import loss_fns
 from crl_jax import train_state as ts
 from crl_jax.config import Config, ConfigError, DistributedConfig, to_dict
 from crl_jax.backend import Backend
@@ -229,8 +230,9 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
     egd = nnx.graphdef(nnx.eval_shape(lambda: tr.create(ecfg, jax.random.key(0))))
     lc, ec = cfg.loss, cfg.extraction
     co_update = ts.make_co_update(
-        ts.actor_ppo_loss(ts.PPOLossConfig(clip_eps=lc.clip_eps, ratio=lc.ratio, aggregation=lc.aggregation)),
-        ts.extractor_cispo_loss(ts.CISPOLossConfig(eps_low=ec.eps_low, eps_high=ec.eps_high)),
+        loss_fns.actor_ppo_loss(loss_fns.PPOLossConfig(clip_eps=lc.clip_eps, ratio=lc.ratio,
+                                                       aggregation=lc.aggregation)),
+        loss_fns.extractor_cispo_loss(loss_fns.CISPOLossConfig(eps_low=ec.eps_low, eps_high=ec.eps_high)),
         microbatches=lc.microbatches, donate=False)
     tx_a = ts.make_optimizer(lr=cfg.actor.lr, weight_decay=cfg.actor.weight_decay, grad_clip=cfg.actor.grad_clip)
     tx_e = ts.make_optimizer(lr=cfg.extractor.lr, weight_decay=cfg.extractor.weight_decay,

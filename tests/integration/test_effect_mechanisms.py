@@ -9,7 +9,7 @@ import pytest
 from crl_jax import bank as bank_lib
 from crl_jax import loop, pretrain
 from crl_jax.config import load
-from crl_jax.constrained_losses import TurnBatch, actor_turn_loss
+from crl_jax.loss_fns import TurnBatch, actor_turn_loss
 from crl_jax.envs.actions import action_allowed_mask
 from crl_jax.merge import grouped_order
 from crl_jax.rollout import build_prompt, play
@@ -151,7 +151,7 @@ def test_temperature_training_logprobs_equal_sampled_ones():
 @pytest.mark.parametrize("jit", [False, True])
 def test_sequence_ratio_is_shared_by_an_episodes_rows(jit):
     """ratio=sequence: rows of one episode share exp(mean log-ratio); literal values on a 1-param model."""
-    from crl_jax.constrained_losses import episode_mean
+    from crl_jax.loss_fns import episode_mean
 
     f = jax.jit(episode_mean) if jit else episode_mean
     x = jnp.asarray([0.2, -0.4, 1.0, 3.0])

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from crl_jax import loss_fns
 from crl_jax import train_state as ts
 from crl_jax.models import transformer as tfm
 
@@ -49,7 +50,8 @@ def data():
 @pytest.fixture(scope="module")
 def program():
     # One compiled program shared by every co-update test; the guard fails on any retrace.
-    return ts.make_co_update(max_traces=1, compiler_options=FAST)
+    return ts.make_co_update(loss_fns.actor_ppo_loss(), loss_fns.extractor_cispo_loss(), max_traces=1,
+                             compiler_options=FAST)
 
 
 def test_token_logprobs_matches_log_softmax():
@@ -170,7 +172,8 @@ def test_microbatch_accumulation_is_exact(data):
     @functools.partial(jax.jit, compiler_options=FAST)
     def both(actor, extractor):
         out = []
-        for st, batch, fn in ((actor, ab, ts.actor_ppo_loss()), (extractor, eb, ts.extractor_cispo_loss())):
+        for st, batch, fn in ((actor, ab, loss_fns.actor_ppo_loss()),
+                              (extractor, eb, loss_fns.extractor_cispo_loss())):
             n1, d1, g1, _ = ts._grads(st, batch, fn, 1)
             n2, d2, g2, _ = ts._grads(st, batch, fn, 2)
             out.append((n1 / d1, n2 / d2, jax.tree_util.tree_map(lambda x, d=d1: x / d, g1),

@@ -1,23 +1,36 @@
-"""Loss callbacks of the tiny loop, whose policies are *constrained* distributions.
+"""The loss callbacks of both training paths: `fn(graphdef, params, batch) -> (num, (den, metrics))`.
 
-The actor samples its action from the softmax over the action tokens only, and the extractor samples
-its first response token from the operation tokens and the rest from actions, operations and EOS. The
-behaviour log-probs stored at sampling time are those of these masked distributions at the sampling
-temperature, so the training log-probs are computed under the same masks and the same temperature
-(a full-vocabulary log-softmax would make every ratio tiny; another temperature every ratio != 1).
-Both callbacks follow `train_state`'s contract `fn(graphdef, params, batch) -> (num, (den, metrics))`.
+Each factory below returns the callback `train_state.apply_update` / `make_co_update` differentiate,
+with loss = num / den and a denominator that does not depend on params (exact micro-batch accumulation).
+They compute the policy's log-probs of the trained tokens and hand them to the pure losses of
+`crl_jax.losses` (`ppo_clip_loss_parts`, `cispo_loss_parts`). Two families, one per batch format:
 
-The actor batch has one row per played turn and one trained token per row, so the actor loss runs the
-transformer over the prompt and unembeds only the last prompt position (`rollout.last_logits`, the very
-function the rollout sampled from: at the first update the ratio is exactly 1). `ratio="sequence"`
-shares one ratio per episode (exp of the mean log-ratio over the episode's rows in the batch).
+Full-sequence (the LLM path; `ActorBatch` / `ExtractorBatch` of `train_state`): `actor_ppo_loss(cfg)`,
+`extractor_cispo_loss(cfg)` score every response token under the model's full-vocabulary distribution
+(`train_state.token_logprobs`).
 
-Prior-preserving auxiliary loss (METHOD.md §6, PPO-ptx style): a batch may carry `PriorRows`, synthetic
-rows of the prior's supervised task; the objective becomes  loss_RL + aux_coef * CE(prior rows). In the
-num / den contract that is num + aux_coef * CE * den (den does not depend on params).
+Constrained-vocabulary (the tiny path; `TurnBatch`, and `ExtractorBatch`): `actor_turn_loss`,
+`extractor_constrained_loss`. There the actor samples its action from the softmax over the action
+tokens only, and the extractor samples its first response token from the operation tokens and the rest
+from actions, operations and EOS. The behaviour log-probs stored at sampling time are those of these
+masked distributions at the sampling temperature, so the training log-probs are computed under the same
+masks and the same temperature (a full-vocabulary log-softmax would make every ratio tiny; another
+temperature every ratio != 1). The actor batch has one row per played turn and one trained token per
+row, so the actor loss runs the transformer over the prompt and unembeds only the last prompt position
+(`rollout.last_logits`, the very function the rollout sampled from: at the first update the ratio is
+exactly 1). `ratio="sequence"` shares one ratio per episode (exp of the mean log-ratio over the
+episode's rows in the batch).
+
+Prior-preserving auxiliary loss (METHOD.md §6, PPO-ptx style; constrained family): a batch may carry
+`PriorRows`, synthetic rows of the prior's supervised task; the objective becomes
+loss_RL + aux_coef * CE(prior rows). In the num / den contract that is num + aux_coef * CE * den (den
+does not depend on params). `actor_prior_loss` / `extractor_prior_loss` are also the prior's own
+pre-training losses (`pretrain`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +39,64 @@ from flax import struct
 from crl_jax import losses
 from crl_jax.models import transformer as tr
 from crl_jax.rollout import last_logits
+from crl_jax.train_state import ActorBatch, ExtractorBatch, LossFn, token_logprobs
+
+# ----------------------------------------------------------------------------------------------
+# Full-sequence family (LLM path)
+
+
+@dataclass(frozen=True)
+class PPOLossConfig:
+    clip_eps: float = 0.2
+    ratio: str = "token"  # "token" | "sequence"
+    aggregation: str = "seq_mean_token_mean"  # | "token_mean"
+    kl_coef: float = 0.0  # k3 KL to ActorBatch.ref_logp; off, as in the paper
+    entropy_metric: bool = True
+
+
+@dataclass(frozen=True)
+class CISPOLossConfig:
+    eps_low: float = 0.1
+    eps_high: float = 0.1
+    entropy_metric: bool = True
+
+
+def _trained_mask(batch):
+    """The batch's loss mask without column 0 (no prediction produces the first token)."""
+    return batch.loss_mask.astype(bool) & (jnp.arange(batch.tokens.shape[1]) >= 1)[None, :]
+
+
+def actor_ppo_loss(cfg: PPOLossConfig = PPOLossConfig()) -> LossFn:
+    """fn(graphdef, params, ActorBatch) -> (num, (den, metrics)) of `losses.ppo_clip_loss`."""
+
+    def fn(graphdef, params, batch: ActorBatch):
+        mask = _trained_mask(batch)
+        logp, ent = token_logprobs(graphdef, params, batch.tokens, mask, with_entropy=cfg.entropy_metric)
+        num, den, metrics = losses.ppo_clip_loss_parts(
+            logp, batch.behavior_logp, batch.advantages, mask, clip_eps=cfg.clip_eps, ratio=cfg.ratio,
+            aggregation=cfg.aggregation, sample_weight=batch.weight, entropy_t=ent,
+            ref_logp=batch.ref_logp, kl_coef=cfg.kl_coef)
+        return num, (den, metrics)
+
+    return fn
+
+
+def extractor_cispo_loss(cfg: CISPOLossConfig = CISPOLossConfig()) -> LossFn:
+    """fn(graphdef, params, ExtractorBatch) -> (num, (den, metrics)) of `losses.cispo_loss`."""
+
+    def fn(graphdef, params, batch: ExtractorBatch):
+        mask = _trained_mask(batch)
+        logp, ent = token_logprobs(graphdef, params, batch.tokens, mask, with_entropy=cfg.entropy_metric)
+        num, den, metrics = losses.cispo_loss_parts(
+            logp, batch.behavior_logp, batch.advantages, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+            entropy_t=ent)
+        return num, (den, metrics)
+
+    return fn
+
+
+# ----------------------------------------------------------------------------------------------
+# Constrained-vocabulary family (tiny path)
 
 
 @struct.dataclass
@@ -145,8 +216,8 @@ def extractor_constrained_loss(first_allowed, rest_allowed, *, early_allowed=Non
     early_allowed = rest_allowed if early_allowed is None else early_allowed
     masks = (first_allowed, early_allowed, rest_allowed)
 
-    def fn(graphdef, params, b):
-        mask = b.loss_mask.astype(bool) & (jnp.arange(b.tokens.shape[1]) >= 1)[None, :]
+    def fn(graphdef, params, b: ExtractorBatch):
+        mask = _trained_mask(b)
         logits = tr.merge(graphdef, params)(b.tokens)[:, :-1]  # predicts positions 1..T-1
         start = jnp.argmax(mask, axis=1)  # first response position of each row
         t = jnp.arange(1, b.tokens.shape[1])[None, :]
