@@ -81,27 +81,6 @@ def relative_to_free_rewards(outcomes: jax.Array, guided: jax.Array, entry_ids: 
     return aggregate_by_entry(succ - free_mean, entry_ids, num_entries, counted=g & (n_free > 0))
 
 
-# Not a variant (nothing produces verdicts); kept only while `crl_jax.losses` still re-exports it. Delete it
-# and its test together with that re-export.
-def critic_rewards(outcomes: jax.Array, verdicts: jax.Array, entry_ids: jax.Array, num_entries: int, *,
-                   mode: str = "override") -> EntryRewards:
-    """Outcome combined with a per-trajectory critic verdict v in {-1, 0, 1} (0 = no verdict).
-
-    mode="override": score_i = v_i if v_i != 0 else ±1 outcome score_i.
-    mode="mean":     score_i = (±1 outcome score_i + v_i) / 2.
-    """
-    chex.assert_equal_shape([outcomes, verdicts, entry_ids])
-    o = outcome_scores(outcomes)
-    v = jnp.clip(verdicts.astype(_F32), -1.0, 1.0)
-    if mode == "override":
-        s = jnp.where(v != 0, v, o)
-    elif mode == "mean":
-        s = 0.5 * (o + v)
-    else:
-        raise ValueError(f"critic mode must be 'override' or 'mean', got {mode!r}")
-    return aggregate_by_entry(s, entry_ids, num_entries)
-
-
 VARIANTS = ("outcome", "relative_to_free")  # = the values of `extraction.reward`
 
 

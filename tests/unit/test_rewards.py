@@ -42,18 +42,6 @@ class RewardsTest(chex.TestCase):
         _check(er, [0.5 + 2 / 3, -0.5, 0.0, 0.0], [2, 1, 0, 0], [(0.5 + 2 / 3) / 2, -0.5, 0.0, 0.0])
 
     @chex.variants(with_jit=True, without_jit=True)
-    def test_critic_literal(self):
-        outcomes = jnp.array([1.0, 0.0, 1.0, 0.0])
-        verdicts = jnp.array([0, 1, -1, 0])
-        ids = jnp.array([0, 0, 1, 1])
-        # override: scores [1, 1, -1, -1]
-        er = self.variant(functools.partial(R.critic_rewards, num_entries=2))(outcomes, verdicts, ids)
-        _check(er, [2.0, -2.0], [2, 2], [1.0, -1.0])
-        # mean: scores [(1+0)/2, (-1+1)/2, (1-1)/2, (-1+0)/2]
-        er = self.variant(functools.partial(R.critic_rewards, num_entries=2, mode="mean"))(outcomes, verdicts, ids)
-        _check(er, [0.5, -0.5], [2, 2], [0.25, -0.25])
-
-    @chex.variants(with_jit=True, without_jit=True)
     def test_no_entries_used(self):
         er = self.variant(functools.partial(R.outcome_rewards, num_entries=3))(jnp.ones(4), -jnp.ones(4, jnp.int32))
         _check(er, [0.0] * 3, [0] * 3, [0.0] * 3)
