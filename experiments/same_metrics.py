@@ -249,10 +249,12 @@ def first_difference(a: bytes, b: bytes) -> str:
             else "header order differs"
     if len(ra) != len(rb):
         return f"{len(ra) - 1} rows before, {len(rb) - 1} after"
+    at = ra[0].index("step") if "step" in ra[0] else None
     for i, (x, y) in enumerate(zip(ra[1:], rb[1:]), start=1):
         for col, u, v in zip(ra[0], x, y):
             if u != v:
-                return f"row {i} (step {x[0] if ra[0][0] == 'step' else '?'}), column {col}: before {u!r}, after {v!r}"
+                step = x[at] if at is not None and at < len(x) else "?"
+                return f"row {i} (step {step}), column {col}: before {u!r}, after {v!r}"
     return "bytes differ (line endings?)"
 
 
