@@ -40,10 +40,10 @@ compile time dominates these short runs; `--xla-flags ""` for XLA's defaults), a
 persistent XLA compilation cache shared by both trees (keyed by the compiled program: a tree that
 compiles a different program misses it).
 
-Time: each run is one subprocess per tree, two at a time (`--jobs`). On an idle 2-core machine the
-default runs take a few minutes, dominated by fitting the tiny prior once per tree (default_crl; default_grpo
-then reuses it); on the loaded 2-core CI box of 2026-12-02 the whole check took 38 min (default_crl 28 min,
-llm 5, host 2.5, default_grpo 2.3). `--priors DIR` with a DIR that already holds the prior skips the fitting
+Time: each run is one subprocess per tree, two at a time (`--jobs`). The default runs are dominated by
+fitting the tiny prior once per tree (default_crl; default_grpo then reuses it): on a 2-core machine shared
+with other jobs (load ~10) the whole check took 38 min (default_crl 28 min, llm 5, host 2.5, default_grpo
+2.3; not measured on an idle machine). `--priors DIR` with a DIR that already holds the prior skips the fitting
 (and its comparison); `--runs` picks a subset.
 """
 
