@@ -13,7 +13,8 @@ Semantics (METHOD.md §2 steps 5-9, §3):
   all slots, needs `rng`). `insert_order` is set by `add` only: `update` rewrites an entry in place and
   keeps its place in the FIFO queue, its usage counts and its credit accumulators.
 - Keys are stored unit-norm (normalised on write, a zero vector stays zero).
-- Retrieval: see `crl_jax.bank_retrieve.retrieve` (re-exported here).
+- Retrieval: see `crl_jax.bank_retrieve.retrieve` (re-exported here). The state pytree and `init` live in
+  `crl_jax.bank_state` (re-exported here too).
 - Credit: `credit` accumulates per-entry sums and counts of +-1 outcomes for the current step;
   `take_credit` reads and zeroes them (and folds them into lifetime totals used for inspection). Call
   `take_credit` before the step's `add` / `update` / `apply_merge`, since those change the writer
@@ -25,72 +26,12 @@ from __future__ import annotations
 import chex
 import jax
 import jax.numpy as jnp
-from flax import struct
 
-from crl_jax.bank_retrieve import normalize, retrieve, retrieve_best  # noqa: F401
+from crl_jax.bank_retrieve import retrieve, retrieve_best  # noqa: F401  (re-exported)
+from crl_jax.bank_state import ExperienceBank, init, normalize  # noqa: F401  (re-exported)
 
 _EVICTIONS = ("fifo", "lru", "random")
 _INT_MAX = jnp.iinfo(jnp.int32).max
-
-
-@struct.dataclass
-class ExperienceBank:
-    """Fixed-capacity experience store. All per-entry arrays have leading dimension N (capacity)."""
-
-    tokens: jax.Array  # [N, L] int32 entry token ids (padding beyond `lengths` is unspecified, zeros)
-    lengths: jax.Array  # [N] int32
-    keys: jax.Array  # [N, D] float32, unit-norm retrieval keys
-    task: jax.Array  # [N] int32 task family id
-    valid: jax.Array  # [N] bool
-    created_step: jax.Array  # [N] int32 step of the `add` that created the entry
-    updated_step: jax.Array  # [N] int32 step of the last write (add or update)
-    times_retrieved: jax.Array  # [N] int32 number of queries that received the entry
-    last_retrieved_step: jax.Array  # [N] int32, -1 = never retrieved
-    source: jax.Array  # [N] int32 extractor sample id that last wrote the entry, -1 = none
-    insert_order: jax.Array  # [N] int32 value of `next_order` when added (FIFO order)
-    next_order: jax.Array  # [] int32 monotone insertion counter
-    credit_sum: jax.Array  # [N] float32 sum of outcomes credited this step
-    credit_count: jax.Array  # [N] int32 number of outcomes credited this step
-    total_credit_sum: jax.Array  # [N] float32 lifetime sum of outcomes (folded in by take_credit)
-    total_credit_count: jax.Array  # [N] int32 lifetime number of outcomes
-
-    @property
-    def capacity(self) -> int:
-        return self.valid.shape[-1]
-
-    @property
-    def entry_len(self) -> int:
-        return self.tokens.shape[-1]
-
-    @property
-    def key_dim(self) -> int:
-        return self.keys.shape[-1]
-
-
-def init(capacity: int, entry_len: int, key_dim: int) -> ExperienceBank:
-    """An empty bank with `capacity` slots of `entry_len` tokens and `key_dim`-dimensional keys."""
-    if capacity < 1 or entry_len < 1 or key_dim < 1:
-        raise ValueError(f"bank capacity, entry_len and key_dim must be >= 1, got {capacity}, {entry_len}, {key_dim}")
-    n = capacity
-    zi = jnp.zeros((n,), jnp.int32)
-    return ExperienceBank(
-        tokens=jnp.zeros((n, entry_len), jnp.int32),
-        lengths=zi,
-        keys=jnp.zeros((n, key_dim), jnp.float32),
-        task=zi,
-        valid=jnp.zeros((n,), bool),
-        created_step=zi,
-        updated_step=zi,
-        times_retrieved=zi,
-        last_retrieved_step=jnp.full((n,), -1, jnp.int32),
-        source=jnp.full((n,), -1, jnp.int32),
-        insert_order=zi,
-        next_order=jnp.zeros((), jnp.int32),
-        credit_sum=jnp.zeros((n,), jnp.float32),
-        credit_count=zi,
-        total_credit_sum=jnp.zeros((n,), jnp.float32),
-        total_credit_count=zi,
-    )
 
 
 def _select(pred: jax.Array, new, old):

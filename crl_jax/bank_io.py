@@ -6,10 +6,14 @@ Text is decoded only here, at the edge (DESIGN.md principle 3). Used by `crl-jax
 from __future__ import annotations
 
 import json
+import warnings
 
+import jax.numpy as jnp
 import numpy as np
 
+from crl_jax import bank as bank_lib
 from crl_jax.bank import ExperienceBank
+from crl_jax.config import ConfigError
 
 
 def entry_records(bank: ExperienceBank, tokenizer, task: int | None = None) -> list[dict]:
@@ -76,8 +80,6 @@ class BankFileWarning(UserWarning):
 
 
 def _bank_error(path, line: int | None, msg: str):
-    from crl_jax.config import ConfigError
-
     where = f"{path}:{line}" if line else str(path)
     return ConfigError(f"bank.offline_path: {where}: {msg}")
 
@@ -140,12 +142,6 @@ def load_jsonl(bank: ExperienceBank, tokenizer, path, embedder=None) -> Experien
     longer than `bank.entry_len` tokens and more entries than `bank.capacity` give a `BankFileWarning` with
     the counts. `embedder` is not used (an entry's key cannot be computed from its text; see `parse_entry`).
     """
-    import warnings
-
-    import jax.numpy as jnp
-
-    from crl_jax import bank as bank_lib
-
     del embedder
     entries = [parse_entry(path, i, line, bank.key_dim)
                for i, line in enumerate(_read_lines(path), 1) if line.strip()]

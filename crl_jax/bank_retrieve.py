@@ -5,21 +5,11 @@ Shapes: N = bank capacity, D = key dim, Q = queries, C = candidates, K = top_k.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import chex
 import jax
 import jax.numpy as jnp
 
-if TYPE_CHECKING:  # the bank module imports this one; avoid the cycle at run time
-    from crl_jax.bank import ExperienceBank
-
-
-def normalize(x: jax.Array, axis: int = -1) -> jax.Array:
-    """x / ||x|| along `axis` in float32; a zero vector stays zero (no NaN)."""
-    x = jnp.asarray(x, jnp.float32)
-    norm = jnp.sqrt(jnp.sum(x * x, axis=axis, keepdims=True))
-    return x / jnp.maximum(norm, 1e-12)
+from crl_jax.bank_state import ExperienceBank, normalize
 
 
 def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None, step, *, top_k: int = 1,

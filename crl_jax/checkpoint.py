@@ -18,28 +18,21 @@ from __future__ import annotations
 import os
 import shutil
 
+import jax
+import orbax.checkpoint as ocp
 
-class CheckpointError(RuntimeError, ValueError):
-    """A checkpoint (run-folder Orbax state or model file) cannot be read, does not match the run, or was
-    not written; the message names the directory or file. The one class the CLI reports as one line
-    (exit 2). Also a ValueError, as the model loaders' errors were before they shared this class."""
+from crl_jax.errors import CheckpointError  # noqa: F401  (re-exported: the class the CLI catches)
 
 
 def _to_saveable(state):
-    import jax
-
     return state.replace(key=jax.random.key_data(state.key))
 
 
 def _from_saved(saved, template):
-    import jax
-
     return saved.replace(key=jax.random.wrap_key_data(saved.key, impl=jax.random.key_impl(template.key)))
 
 
 def _abstract(tree):
-    import jax
-
     return jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
@@ -63,8 +56,6 @@ class Checkpointer:
     def __init__(self, run_dir: str, keep: int = 3, *, writer: bool = False):
         """writer: this process owns the folder (holds its lock): half-written temporary folders of a killed
         save are removed on opening. Readers (`crl-jax eval`) leave them, as a live run may be writing."""
-        import orbax.checkpoint as ocp
-
         if keep < 1:
             raise CheckpointError(f"keep_checkpoints={keep}: at least one checkpoint must be kept")
         self.run_dir = os.path.abspath(run_dir)
@@ -97,8 +88,6 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
-        import jax
-
         path = os.path.join(self.directory, str(step))
         target = _abstract(_to_saveable(template))
         try:

@@ -14,6 +14,11 @@ import os
 
 import numpy as np
 
+try:  # a core dependency; a run without it writes no event files
+    from tensorboardX import SummaryWriter
+except ImportError:  # pragma: no cover
+    SummaryWriter = None
+
 COLUMNS = ("step", "env_steps", "success_guided", "success_free", "eval_heldin_with_exp", "eval_heldin_without_exp",
            "eval_heldout_with_exp", "eval_heldout_without_exp", "bank_size", "extractor_reward_mean", "actor_loss",
            "extractor_loss")
@@ -60,15 +65,10 @@ class MetricsWriter:
     def __init__(self, run_dir: str, tensorboard: bool = True, purge_step: int | None = None):
         self.path = os.path.join(run_dir, "metrics.csv")
         self._tb = None
-        if tensorboard:
-            try:
-                from tensorboardX import SummaryWriter
-
-                tb_dir = os.path.join(run_dir, "tb")
-                purge = purge_step if purge_step is not None and os.path.isdir(tb_dir) else None
-                self._tb = SummaryWriter(tb_dir, purge_step=purge)
-            except ImportError:  # optional at run time; the dependency is in core
-                self._tb = None
+        if tensorboard and SummaryWriter is not None:
+            tb_dir = os.path.join(run_dir, "tb")
+            purge = purge_step if purge_step is not None and os.path.isdir(tb_dir) else None
+            self._tb = SummaryWriter(tb_dir, purge_step=purge)
 
     def truncate_after(self, step: int) -> None:
         """Keep only the complete rows of steps 1..`step` (rows after the last checkpoint, and a row cut

@@ -19,6 +19,7 @@ import re
 from collections import defaultdict
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from crl_jax.metrics import column, read_csv
 
@@ -112,18 +113,15 @@ def group_series(runs: list[list[dict]], col: str, smooth: int = 1):
 def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
     """PNG of the learning curves of `run_dirs`; success panels are smoothed over `smooth` steps (said in
     the figure), with the unsmoothed group means drawn faintly behind."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     groups: dict[str, list[list[dict]]] = defaultdict(list)
     for d in run_dirs:
         path = os.path.join(d, "metrics.csv")
         if not os.path.exists(path):
             raise FileNotFoundError(f"no metrics.csv in run folder {d!r}")
         groups[run_label(d)].append(read_csv(path))
-    fig, axes = plt.subplots(2, 4, figsize=(18, 8))
+    # A bare Figure (no pyplot): drawn by the Agg canvas on save, whatever backend the process has chosen
+    fig = Figure(figsize=(18, 8))
+    axes = fig.subplots(2, 4)
     colors = {label: f"C{i % 10}" for i, label in enumerate(sorted(groups))}
     handles = {}
     for ax, (col, title) in zip(axes.flat, PANELS):
@@ -158,5 +156,4 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fig.savefig(out, dpi=90)
-    plt.close(fig)
     return out

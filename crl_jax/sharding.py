@@ -46,6 +46,9 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from crl_jax import loop
+from crl_jax.distributed import fetch
+
 AXES = ("data", "fsdp", "tensor")
 
 RULES: dict[str, tuple[str, ...] | None] = {
@@ -238,8 +241,6 @@ def shard_state(state, shardings):
 def init_sharded(rt, key, cfg, placement: Placement):
     """`loop.init_state` compiled with `out_shardings`: each device (each process, multi-host) creates only
     its own shards — the multi-process way to place a fresh state (no host array spans processes)."""
-    from crl_jax import loop
-
     state = jax.jit(lambda k: loop.init_state(rt, k, cfg), out_shardings=placement.compute)(key)
     return jax.device_put(state, placement.state) if placement.disjoint else state  # one jit, one device set
 
@@ -258,8 +259,6 @@ _CHUNKS: dict = {}  # (Runtime, num_steps, placement key) -> jitted chunk; a sub
 
 
 def _jitted(rt, num_steps: int, placement: Placement, run_steps=None):
-    from crl_jax import loop
-
     run_steps = run_steps or loop.run_steps
     k = (rt, num_steps, placement.key, run_steps)
     if k not in _CHUNKS:
@@ -285,8 +284,6 @@ def sharded_chunk(rt, num_steps: int, placement: Placement, run_steps=None):
         if placement.disjoint:
             state = jax.device_put(state, placement.state)
         if jax.process_count() > 1:  # replicated over processes: hand every host its numpy copy
-            from crl_jax.distributed import fetch
-
             metrics = fetch(metrics)
         return state, metrics
 

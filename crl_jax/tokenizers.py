@@ -16,11 +16,14 @@ constrained decoder can pick one token per action). Hugging Face tokenizers come
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
+
+import tokenizers as hf
 
 
 @runtime_checkable
@@ -52,14 +55,13 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
 
 
 def _strftime_now(fmt):
-    import datetime
-
     return datetime.datetime.now().strftime(fmt)
 
 
 def _render_template(template: str, messages: list[dict], add_generation_prompt: bool, **extra) -> str:
     """Render a chat template the way transformers' `apply_chat_template` does (sandboxed jinja2,
     trim_blocks + lstrip_blocks, loop controls, `tojson`, `raise_exception`, `strftime_now`)."""
+    # jinja2 is not a dependency of crl_jax (nor of transformers): imported only when a chat template is rendered
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -222,12 +224,10 @@ class HFTokenizer:
     @classmethod
     def from_folder(cls, path: str) -> "HFTokenizer":
         """Load `tokenizer.json` (+ `tokenizer_config.json` for specials and the chat template)."""
-        from tokenizers import Tokenizer as _Tok
-
         tj = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(tj):
             raise FileNotFoundError(f"no tokenizer.json in model folder {path!r}")
-        tok = _Tok.from_file(tj)
+        tok = hf.Tokenizer.from_file(tj)
         cfg = {}
         tc = os.path.join(path, "tokenizer_config.json")
         if os.path.isfile(tc):
@@ -261,9 +261,6 @@ class HFTokenizer:
         SmolLM2, Llama 3, Qwen2/3) is supported; CONTROL tokens (type 3) become special added tokens
         and USER_DEFINED ones (type 4) plain added tokens, so both are matched whole.
         """
-        from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
-        from tokenizers import Tokenizer as _Tok
-
         kind = meta.get("tokenizer.ggml.model")
         if kind != "gpt2":
             raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
@@ -276,25 +273,25 @@ class HFTokenizer:
         spelled = [t if set(t) <= allowed else "".join(alphabet[b] for b in t.encode("utf-8")) for t in tokens]
         vocab = {t: i for i, t in enumerate(spelled)}
         merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-        tok = _Tok(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+        tok = hf.Tokenizer(hf.models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
         pre = meta.get("tokenizer.ggml.pre", "default")
         split = _GGUF_PRE_SPLITS.get(pre)
         if pre in _GGUF_NFC:
-            tok.normalizer = normalizers.NFC()
+            tok.normalizer = hf.normalizers.NFC()
         if split is None:  # GPT-2 regex inside ByteLevel; "smollm" first isolates every digit
-            parts = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+            parts = [hf.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
             if pre in _GGUF_DIGITS:
-                parts.insert(0, pre_tokenizers.Digits(individual_digits=True))
-            tok.pre_tokenizer = pre_tokenizers.Sequence(parts)
+                parts.insert(0, hf.pre_tokenizers.Digits(individual_digits=True))
+            tok.pre_tokenizer = hf.pre_tokenizers.Sequence(parts)
         else:
-            tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            tok.pre_tokenizer = hf.pre_tokenizers.Sequence([
+                hf.pre_tokenizers.Split(hf.Regex(split), behavior="isolated"),
+                hf.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ])
-        tok.decoder = decoders.ByteLevel()
+        tok.decoder = hf.decoders.ByteLevel()
         types = list(meta.get("tokenizer.ggml.token_type") or [])
-        control = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == 3 and t in vocab]
-        user = [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == 4 and t in vocab]
+        control = [hf.AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == 3 and t in vocab]
+        user = [hf.AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == 4 and t in vocab]
         if control:
             tok.add_special_tokens(control)
         if user:
@@ -307,7 +304,7 @@ class HFTokenizer:
         bos, eos, pad = ident("bos_token_id"), ident("eos_token_id"), ident("padding_token_id")
         bos_tok = tokens[bos] if bos is not None else None
         if meta.get("tokenizer.ggml.add_bos_token") and bos is not None:
-            tok.post_processor = processors.TemplateProcessing(
+            tok.post_processor = hf.processors.TemplateProcessing(
                 single=f"{bos_tok} $A", pair=f"{bos_tok} $A {bos_tok} $B", special_tokens=[(bos_tok, bos)])
         return cls(tok, bos_id=bos, eos_id=eos, pad_id=pad, chat_template=meta.get("tokenizer.chat_template"),
                    bos_token=bos_tok, eos_token=tokens[eos] if eos is not None else None)

@@ -29,59 +29,41 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
-# ---------------------------------------------------------------------------------------------
-# Glyphs: (character, legend description). Ids are global so one token table serves every env.
-# Walls are drawn as '#' in every env (documented choice; MiniHack draws room walls as '-'/'|').
-# ---------------------------------------------------------------------------------------------
-GLYPHS: tuple[tuple[str, str | None], ...] = (
-    (" ", None),  # 0 unseen / solid stone (never in the legend)
-    ("@", "you"),  # 1
-    (".", "floor"),  # 2
-    (">", "stairs down"),  # 3
-    ("<", "stairs up"),  # 4
-    ("^", "teleportation trap"),  # 5
-    ("#", "wall"),  # 6
-    ("(", "key"),  # 7
-    ("+", "locked door"),  # 8
-    ("|", "open door"),  # 9
-    ("0", "boulder"),  # 10
-    ("_", "target"),  # 11
-    ("*", "boulder on target"),  # 12
-    (".", "frozen ice"),  # 13
-    ("O", "hole"),  # 14
-    ("G", "goal"),  # 15
-    (":", "newt"),  # 16  monsters from here on (see room.MONSTERS)
-    ("d", "jackal"),  # 17
-    ("x", "grid bug"),  # 18
-    ("F", "lichen"),  # 19
-    ("r", "sewer rat"),  # 20
-    ("k", "kobold"),  # 21
-    ("o", "goblin"),  # 22
-    ("Z", "kobold zombie"),  # 23
+from crl_jax.envs.glyphs import (  # noqa: F401  (re-exported: the envs import them from here)
+    COMMON_MESSAGES,
+    G_AGENT,
+    G_BLANK,
+    G_BOULDER,
+    G_BOULDER_ON_TARGET,
+    G_DOWN,
+    G_FLOOR,
+    G_GOAL,
+    G_HOLE,
+    G_ICE,
+    G_KEY,
+    G_LOCKED,
+    G_MONSTER0,
+    G_OPEN,
+    G_TARGET,
+    G_TRAP,
+    G_UP,
+    G_WALL,
+    GLYPH_CHARS,
+    GLYPHS,
+    MSG_INVALID,
+    MSG_NONE,
+    NUM_GLYPHS,
+    NUM_MSG_SLOTS,
+    Obs,
 )
-G_BLANK, G_AGENT, G_FLOOR, G_DOWN, G_UP, G_TRAP, G_WALL, G_KEY, G_LOCKED, G_OPEN = range(10)
-G_BOULDER, G_TARGET, G_BOULDER_ON_TARGET, G_ICE, G_HOLE, G_GOAL = range(10, 16)
-G_MONSTER0 = 16
-NUM_GLYPHS = len(GLYPHS)
-GLYPH_CHARS = np.array([ord(c) for c, _ in GLYPHS], np.uint8)  # glyph id -> ASCII code
-
-COMMON_MESSAGES = ("", "That is not a valid action.")
-MSG_NONE, MSG_INVALID = 0, 1
-NUM_MSG_SLOTS = 2
+from crl_jax.envs.render import render_text
 
 POOL_IDS = {"train": 0, "eval": 1}
 
 # The 8 NetHack compass moves (row, col) deltas, in the order of the action names.
 DIR_NAMES = ("north", "east", "south", "west", "northeast", "southeast", "southwest", "northwest")
 DIRS = np.array([[-1, 0], [0, 1], [1, 0], [0, -1], [-1, 1], [1, 1], [1, -1], [-1, -1]], np.int32)
-
-
-@struct.dataclass
-class Obs:
-    grid: jax.Array  # [H, W] int32 glyph ids
-    message: jax.Array  # [2] int32 message ids
 
 
 def level_hash(code: jax.Array) -> jax.Array:
@@ -239,8 +221,6 @@ class Env:
 
     def render(self, state_or_obs: Any) -> str:
         """Host-side text of a single (unbatched) state or obs: the exact text the model sees."""
-        from crl_jax.envs.render import render_text
-
         return render_text(self, state_or_obs)
 
     def as_obs(self, state_or_obs: Any) -> Obs:

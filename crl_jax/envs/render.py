@@ -7,7 +7,7 @@ Text layout (NetHack / MiniHack text view: message, map, legend)::
     ...
     Legend: @: you, >: stairs down, .: floor (visible symbols only, in glyph-id order)
 
-There is no trailing newline. Glyphs are listed in `crl_jax.envs.base.GLYPHS`: `@` you, `>` stairs
+There is no trailing newline. Glyphs are listed in `crl_jax.envs.glyphs.GLYPHS`: `@` you, `>` stairs
 down, `<` up stairs at the start cell, `.` floor, `^` a discovered teleportation trap, `#` walls (all
 envs), a letter or `:` for a monster, blank for unseen cells and solid stone.
 
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from crl_jax.envs.base import GLYPHS, NUM_GLYPHS, NUM_MSG_SLOTS, Obs
+from crl_jax.envs.glyphs import GLYPHS, NUM_GLYPHS, NUM_MSG_SLOTS, Obs
 
 LEGEND_PREFIX = "Legend: "
 

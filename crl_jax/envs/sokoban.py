@@ -10,6 +10,8 @@ push or walk. Redrawn until at least one boulder is off its target.
 
 from __future__ import annotations
 
+from collections import deque
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -141,8 +143,6 @@ class Sokoban(Env):
 
 def bfs_solve(walls: np.ndarray, boxes, targets, start, max_states: int = 200_000) -> int | None:
     """Host-side reference: the fewest moves that put every boulder on a target, or None."""
-    from collections import deque
-
     walls = np.asarray(walls)
     targets = frozenset(map(tuple, np.asarray(targets).tolist()))
     s0 = (tuple(np.asarray(start).tolist()), frozenset(map(tuple, np.asarray(boxes).tolist())))

@@ -68,7 +68,7 @@ def resolve_weights(spec: str) -> str:
 @functools.lru_cache(maxsize=4)
 def load_checkpoint(path: str, dtype: str):
     """(TransformerConfig, host params (numpy pytree), tokenizer) of a checkpoint, cached per (path, dtype)."""
-    from crl_jax.models.loading import from_pretrained
+    from crl_jax.models.pretrained import from_pretrained
 
     model, tok = from_pretrained(path, dtype=dtype)
     _, params = nnx.split(model, nnx.Param)

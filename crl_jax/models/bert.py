@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from safetensors.numpy import load_file
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,6 @@ class Bert(nnx.Module):
 
 def load_bert(folder: str) -> Bert:
     """A `Bert` from a Hugging Face folder (`config.json` + `model.safetensors`), float32."""
-    from safetensors.numpy import load_file
-
     cfg_path, w_path = os.path.join(folder, "config.json"), os.path.join(folder, "model.safetensors")
     for f in (cfg_path, w_path):
         if not os.path.isfile(f):

@@ -25,6 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
+from tokenizers import Tokenizer
+
+from crl_jax.models.bert import load_bert
 
 _EPS = 1e-12
 
@@ -155,10 +158,6 @@ class MiniLMEmbedder:
 
     @classmethod
     def from_folder(cls, folder: str, max_seq_length: int = 256) -> "MiniLMEmbedder":
-        from tokenizers import Tokenizer
-
-        from crl_jax.models.bert import load_bert
-
         model = load_bert(folder)
         tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
         # The shipped tokenizer.json pads to 128 and truncates at 128; sentence-transformers instead

@@ -17,9 +17,13 @@ import re
 import warnings
 
 import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
 
-from crl_jax.models.loading import CheckpointError, build_from_getter
+from crl_jax.errors import CheckpointError
+from crl_jax.models.loading import build_from_getter
 from crl_jax.models.transformer import TransformerConfig
+from crl_jax.tokenizers import HFTokenizer
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -126,11 +130,6 @@ def config_from_gguf(meta: dict, tensor_names: set, *, dtype: str, source: str) 
 
 def load_gguf(path: str, *, dtype: str = "float32"):
     """(Transformer, HFTokenizer) from a GGUF file."""
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
-    from crl_jax.tokenizers import HFTokenizer
-
     try:
         reader = GGUFReader(path)
     except Exception as e:  # truncated or not GGUF: the reader raises ValueError / struct errors

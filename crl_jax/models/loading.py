@@ -1,6 +1,6 @@
 """Checkpoint loaders: Hugging Face folders (config.json + safetensors) and GGUF files.
 
-`from_pretrained(path, dtype=...)` returns `(Transformer, tokenizer)`:
+`crl_jax.models.pretrained.from_pretrained(path, dtype=...)` returns `(Transformer, tokenizer)`:
 
 - a folder with `config.json` and one or many `*.safetensors` (sharded checkpoints are listed by
   `model.safetensors.index.json`), read with safetensors' numpy API, no torch. bfloat16 tensors are
@@ -24,11 +24,13 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
+from safetensors import safe_open
 
 # One error class for every unreadable checkpoint (run-folder Orbax checkpoints and model files alike): the
 # CLI catches it and prints one line. Raised here with a message naming the file, tensor or config field.
-from crl_jax.checkpoint import CheckpointError  # noqa: F401
+from crl_jax.errors import CheckpointError  # noqa: F401
 from crl_jax.models.transformer import Transformer, TransformerConfig, as_dtype
+from crl_jax.tokenizers import HFTokenizer
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 # Defaults of the transformers config classes for keys a config.json may omit.
@@ -41,25 +43,7 @@ _NP_TARGET = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bf
 
 
 # ----------------------------------------------------------------------------------------------
-# Entry point
-
-
-def from_pretrained(path, *, dtype: str = "float32"):
-    """(model, tokenizer) from a Hugging Face folder or a `.gguf` file; parameters stored in `dtype`."""
-    path = os.fspath(path)
-    if dtype not in _NP_TARGET:
-        raise ValueError(f"from_pretrained: dtype must be one of {sorted(_NP_TARGET)}, got {dtype!r}")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"model path {path!r} does not exist (expected a Hugging Face folder or a .gguf file)")
-    if os.path.isfile(path):
-        with open(path, "rb") as f:
-            magic = f.read(4)
-        if path.endswith(".gguf") or magic == b"GGUF":
-            from crl_jax.models.gguf_loader import load_gguf
-
-            return load_gguf(path, dtype=dtype)
-        raise CheckpointError(f"{path!r} is a file but not a GGUF file; pass a Hugging Face model folder or a .gguf file")
-    return load_hf_folder(path, dtype=dtype)
+# Hugging Face folders (the dispatch on path type: `crl_jax.models.pretrained.from_pretrained`)
 
 
 def load_hf_folder(path: str, *, dtype: str = "float32"):
@@ -76,8 +60,6 @@ def load_hf_folder(path: str, *, dtype: str = "float32"):
         model = build_model(cfg, src)
     tokenizer = None
     if os.path.isfile(os.path.join(path, "tokenizer.json")):
-        from crl_jax.tokenizers import HFTokenizer
-
         tokenizer = HFTokenizer.from_folder(path)
     return model, tokenizer
 
@@ -200,8 +182,6 @@ class SafetensorsSource:
     """All tensors of a folder's `*.safetensors` files, opened with `safe_open(framework="np")`."""
 
     def __init__(self, folder: str):
-        from safetensors import safe_open
-
         index = os.path.join(folder, "model.safetensors.index.json")
         if os.path.isfile(index):
             with open(index) as f:

