@@ -43,9 +43,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from crl_jax.distill import distill_prompts
 from crl_jax.envs.compact import probe_obs
 from crl_jax.envs.base import G_AGENT, G_BLANK, G_DOWN, G_FLOOR, G_UP, G_WALL, Obs
 from crl_jax.loss_fns import PriorRows, actor_prior_loss, extractor_prior_loss
+from crl_jax.merge_step import merge_prompt_len, merge_response_len
 from crl_jax.models import transformer as tr
 from crl_jax.packing import pack_segments
 from crl_jax.rollout import build_prompt
@@ -127,8 +129,6 @@ def extractor_rows(rt, key, n: int, op_weight: float = 1.0) -> PriorRows:
     """`n` synthetic distillation rows (`distill.distill_prompts`, the loop's own layout): random moves ->
     soft op target, then a copy of the moves and EOS. `op_weight` scales the op target (the auxiliary loss
     uses `pretrain.aux_op_weight`: the choice between ADD and RETURN is what RL shapes)."""
-    from crl_jax.distill import distill_prompts
-
     cfg = rt.cfg
     tt, tl = _task_rows(rt)
     V = rt.vocab_size
@@ -163,8 +163,6 @@ class _Moves(NamedTuple):
 
 def merge_rows(rt, key, n: int) -> PriorRows:
     """`n` synthetic merge rows (the merge layout with random entries): ADD + a copy of the newest entry."""
-    from crl_jax.merge_step import merge_prompt_len, merge_response_len
-
     cfg = rt.cfg
     p = rt.merge_pieces
     V = rt.vocab_size

@@ -49,6 +49,8 @@ from crl_jax import loop
 from crl_jax.checkpoint import Checkpointer
 from crl_jax.config import Config, ConfigError, drop_removed_keys, load, to_dict
 from crl_jax.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
+from crl_jax.plot import plot_runs, t_interval
+from crl_jax.run import _prior_id
 from crl_jax.runtime import Runtime, build
 
 
@@ -260,7 +262,6 @@ def _write_config(m: Member) -> None:
 def _finish(m: Member, steps: int, wall: float) -> dict:
     rows = read_csv(os.path.join(m.run_dir, "metrics.csv"))
     s = summary_from_rows(rows)
-    from crl_jax.run import _prior_id
 
     s.update(method=m.cfg.method, seed=m.seed, steps=steps, wall_seconds=round(wall, 2), point=m.point,
              prior=_prior_id(m.cfg))
@@ -321,7 +322,6 @@ SUMMARY_COLUMNS = (("eval_heldin_with_exp", "held-in, with exp"), ("eval_heldin_
 def summarize(members: list[Member]) -> list[dict]:
     """One row per grid point (first-appearance order): {"point", "seeds", KEY: mean, KEY + "_ci95": half-width}
     over the seeds' summary.json (final evaluation, last-10-step training success)."""
-    from crl_jax.plot import t_interval
 
     by_point: dict[str, list[dict]] = {}
     for m in members:
@@ -396,7 +396,6 @@ def run_sweep(spec: SweepSpec, out: str, *, chunk: int | None = None, progress: 
     table = write_tables(out, rows)
     log("\n" + table)
     if plot:
-        from crl_jax.plot import plot_runs
 
         # smoothing window no longer than the run (plot_runs' 'same' convolution would outgrow the steps)
         png = plot_runs([m.run_dir for m in members], os.path.join(out, "curves.png"),

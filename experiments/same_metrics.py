@@ -9,10 +9,10 @@ same short fixed-seed runs:
 
   default_crl, default_grpo  the embedded default config through the CLI
                              (`crl_jax.cli.main(["train", "--steps", "3", "--seed", "0", "eval.every=3", ...])`)
-  host                       the MiniHack host-adapter micro config of tests/test_host_loop.py (`MICRO`), 2
+  host                       the MiniHack host-adapter micro config of the tests (tests/_micro.py `HOST_MICRO`), 2
                              steps through the CLI (needs the `envs` extra; reported SKIPPED without `nle`)
   llm                        the small random-init LLM runtime of tests/_llm_common.py (`small_runtime`,
-                             with the overrides of tests/test_llm_loop.py `SMALL`), 2 steps through
+                             with the overrides of tests/integration/test_llm_loop.py `SMALL`), 2 steps through
                              `crl_jax.run.run` (the run driver, chunk program and CSV writer of a real run)
 
 and writes two files per run: the run folder's `metrics.csv` (7 significant digits: the acceptance
@@ -83,9 +83,18 @@ def _literal(path: str, name: str):
     raise SystemExit(f"same_metrics: no literal `{name} = ...` in {path}")
 
 
+def _first_literal(tree: str, places) -> object:
+    """The literal `name = ...` of the first (path, name) that exists in `tree` (the tests moved in #15)."""
+    for rel, name in places:
+        path = os.path.join(tree, rel)
+        if os.path.exists(path):
+            return _literal(path, name)
+    raise SystemExit(f"same_metrics: none of {[p for p, _ in places]} in {tree}")
+
+
 def run_specs(after: str) -> dict:
-    micro = _literal(os.path.join(after, "tests", "test_host_loop.py"), "MICRO")
-    small = _literal(os.path.join(after, "tests", "test_llm_loop.py"), "SMALL")
+    micro = _first_literal(after, [("tests/_micro.py", "HOST_MICRO"), ("tests/test_host_loop.py", "MICRO")])
+    small = _first_literal(after, [("tests/integration/test_llm_loop.py", "SMALL"), ("tests/test_llm_loop.py", "SMALL")])
     default = ["train", "--steps", "3", "--seed", "0", "--quiet", "eval.every=3"]
     return {
         "default_crl": {"kind": "cli", "argv": default + ["--method", "crl"]},

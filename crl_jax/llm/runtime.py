@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+from gguf import GGUFReader
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -41,6 +42,9 @@ from crl_jax.llm.prompt_pieces import (
     build_merge_pieces,
 )
 from crl_jax.models import presets
+from crl_jax.models.gguf_loader import read_metadata
+from crl_jax.models.pretrained import from_pretrained
+from crl_jax.tokenizers import HFTokenizer
 from crl_jax.models import transformer as tr
 from crl_jax.models.embed import HashedNgramEmbedder
 
@@ -68,7 +72,6 @@ def resolve_weights(spec: str) -> str:
 @functools.lru_cache(maxsize=4)
 def load_checkpoint(path: str, dtype: str):
     """(TransformerConfig, host params (numpy pytree), tokenizer) of a checkpoint, cached per (path, dtype)."""
-    from crl_jax.models.pretrained import from_pretrained
 
     model, tok = from_pretrained(path, dtype=dtype)
     _, params = nnx.split(model, nnx.Param)
@@ -253,12 +256,6 @@ def load_tokenizer(spec: str):
     """Only the tokenizer of a checkpoint (a .gguf's metadata or a folder's tokenizer.json): fast."""
     path = resolve_weights(spec)
     if os.path.isfile(path):
-        from gguf import GGUFReader
-
-        from crl_jax.models.gguf_loader import read_metadata
-        from crl_jax.tokenizers import HFTokenizer
-
         return HFTokenizer.from_gguf_metadata(read_metadata(GGUFReader(path), "tokenizer."))
-    from crl_jax.tokenizers import HFTokenizer
 
     return HFTokenizer.from_folder(path)
