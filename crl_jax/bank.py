@@ -11,14 +11,14 @@ Semantics (METHOD.md §2 steps 5-9, §3):
   eviction policy: "fifo" (oldest `insert_order`, the paper's default), "lru" (smallest last use, where
   last use = max(last_retrieved_step, updated_step); ties to the oldest insert), or "random" (uniform over
   all slots, needs `rng`). `insert_order` is set by `add` only: `update` rewrites an entry in place and
-  keeps its place in the FIFO queue, its usage counts and its credit accumulators.
+  keeps its place in the FIFO queue, its usage counts and its lifetime credit.
 - Keys are stored unit-norm (normalised on write, a zero vector stays zero).
 - Retrieval: see `crl_jax.bank_retrieve.retrieve` (re-exported here). The state pytree and `init` live in
   `crl_jax.bank_state` (re-exported here too).
-- Credit: `credit` accumulates per-entry sums and counts of +-1 outcomes for the current step;
-  `take_credit` reads and zeroes them (and folds them into lifetime totals used for inspection). Call
-  `take_credit` before the step's `add` / `update` / `apply_merge`, since those change the writer
-  (`source`) of an entry, and `add` clears the accumulators of the slot it overwrites.
+- Credit: `credit` adds one step's per-entry sums and counts of +-1 outcomes (computed once, by
+  `crl_jax.rewards`, from the episodes and the entries that guided them) to the entry's lifetime totals,
+  which evaluation's tie-break (`retrieve_best(credit_bonus=)`) and inspection read. `add` clears the
+  totals of the slot it overwrites.
 """
 
 from __future__ import annotations
@@ -82,8 +82,6 @@ def add(bank: ExperienceBank, tokens, length, key, task, step, source, *, evicti
         source=bank.source.at[slot].set(i32(source)),
         insert_order=bank.insert_order.at[slot].set(bank.next_order),
         next_order=bank.next_order + 1,
-        credit_sum=bank.credit_sum.at[slot].set(0.0),
-        credit_count=bank.credit_count.at[slot].set(0),
         total_credit_sum=bank.total_credit_sum.at[slot].set(0.0),
         total_credit_count=bank.total_credit_count.at[slot].set(0),
     )
@@ -128,7 +126,7 @@ def update(bank: ExperienceBank, slot, tokens, length, step, source, *, key=None
 
     A no-op when `slot` is out of range or not valid, or (when `expect_order` is given) when the slot no
     longer holds the entry with that `insert_order` (it was evicted and reused since it was retrieved).
-    Usage counts, FIFO position and credit accumulators are kept.
+    Usage counts, FIFO position and lifetime credit are kept.
     """
     chex.assert_shape(tokens, (bank.entry_len,))
     ok = _can_write(bank, slot, expect_order)
@@ -194,44 +192,16 @@ def apply_merge(bank: ExperienceBank, source_slots, merged_tokens, merged_length
     return _select(any_src, new_bank, bank), slots
 
 
-def credit(bank: ExperienceBank, slots, found, outcomes, mask) -> ExperienceBank:
-    """Accumulate this step's outcomes: slots / found [Q] or [Q,K]; outcomes [Q] (+-1 float); mask [Q].
-
-    Each (query, received entry) pair adds the query's outcome to that entry's `credit_sum` and 1 to its
-    `credit_count`. Rows not found, masked out, or pointing at invalid slots add nothing.
-    """
-    slots = jnp.asarray(slots, jnp.int32)
-    outcomes = jnp.asarray(outcomes, jnp.float32)
-    mask = jnp.asarray(mask, bool)
-    if slots.ndim == 2:
-        outcomes = jnp.broadcast_to(outcomes[:, None], slots.shape)
-        mask = jnp.broadcast_to(mask[:, None], slots.shape)
-    chex.assert_equal_shape([slots, found, outcomes, mask])
-    n = bank.capacity
-    safe = jnp.clip(slots, 0, n - 1)
-    ok = jnp.asarray(found, bool) & mask & (slots >= 0) & (slots < n) & bank.valid[safe]
-    idx = jnp.where(ok, slots, n).reshape(-1)  # index n is dropped
+def credit(bank: ExperienceBank, entry_sum, entry_count) -> ExperienceBank:
+    """Record one step's credit: entry_sum [N] (sum of the +-1 outcomes of the episodes each entry guided)
+    and entry_count [N] (their number), e.g. `rewards.outcome_rewards(...).sum / .count`, are added to the
+    lifetime totals of the valid entries (invalid slots add nothing)."""
+    chex.assert_shape([entry_sum, entry_count], (bank.capacity,))
+    ok = bank.valid
     return bank.replace(
-        credit_sum=bank.credit_sum.at[idx].add(jnp.where(ok, outcomes, 0.0).reshape(-1), mode="drop"),
-        credit_count=bank.credit_count.at[idx].add(ok.reshape(-1).astype(jnp.int32), mode="drop"),
+        total_credit_sum=bank.total_credit_sum + jnp.where(ok, jnp.asarray(entry_sum, jnp.float32), 0.0),
+        total_credit_count=bank.total_credit_count + jnp.where(ok, jnp.asarray(entry_count, jnp.int32), 0),
     )
-
-
-def take_credit(bank: ExperienceBank):
-    """-> (bank with zeroed step accumulators, rewards_mean [N], has_credit [N], source [N]).
-
-    rewards_mean = credit_sum / credit_count (0 where no credit); the accumulators are also added to the
-    lifetime totals. `source` says which extractor sample each reward belongs to.
-    """
-    has = bank.credit_count > 0
-    mean = bank.credit_sum / jnp.maximum(bank.credit_count, 1).astype(jnp.float32)
-    new = bank.replace(
-        credit_sum=jnp.zeros_like(bank.credit_sum),
-        credit_count=jnp.zeros_like(bank.credit_count),
-        total_credit_sum=bank.total_credit_sum + bank.credit_sum,
-        total_credit_count=bank.total_credit_count + bank.credit_count,
-    )
-    return new, jnp.where(has, mean, 0.0), has, bank.source
 
 
 def prune(bank: ExperienceBank, reward, credited, threshold):
@@ -262,7 +232,6 @@ __all__ = [
     "normalize",
     "retrieve",
     "size",
-    "take_credit",
     "update",
     "update_many",
 ]

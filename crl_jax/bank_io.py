@@ -20,7 +20,7 @@ def entry_records(bank: ExperienceBank, tokenizer, task: int | None = None) -> l
     """One dict per valid entry (optionally of one task family), ordered by slot.
 
     Fields: slot, task, text, length, created_step, updated_step, times_retrieved, last_retrieved_step,
-    source, insert_order, reward_mean (lifetime plus any not-yet-taken credit; None without credit),
+    source, insert_order, reward_mean (lifetime credit; None without credit),
     reward_count.
     """
     b = {k: np.asarray(v) for k, v in vars(bank).items()}
@@ -32,8 +32,8 @@ def entry_records(bank: ExperienceBank, tokenizer, task: int | None = None) -> l
             continue
         length = int(b["lengths"][slot])
         ids = [int(t) for t in b["tokens"][slot][: max(length, 0)]]
-        r_sum = float(b["total_credit_sum"][slot] + b["credit_sum"][slot])
-        r_cnt = int(b["total_credit_count"][slot] + b["credit_count"][slot])
+        r_sum = float(b["total_credit_sum"][slot])
+        r_cnt = int(b["total_credit_count"][slot])
         records.append(dict(
             slot=int(slot), task=int(b["task"][slot]), text=tokenizer.decode(ids), length=length,
             created_step=int(b["created_step"][slot]), updated_step=int(b["updated_step"][slot]),

@@ -35,9 +35,7 @@ class ExperienceBank:
     source: jax.Array  # [N] int32 extractor sample id that last wrote the entry, -1 = none
     insert_order: jax.Array  # [N] int32 value of `next_order` when added (FIFO order)
     next_order: jax.Array  # [] int32 monotone insertion counter
-    credit_sum: jax.Array  # [N] float32 sum of outcomes credited this step
-    credit_count: jax.Array  # [N] int32 number of outcomes credited this step
-    total_credit_sum: jax.Array  # [N] float32 lifetime sum of outcomes (folded in by take_credit)
+    total_credit_sum: jax.Array  # [N] float32 lifetime sum of the +-1 outcomes the entry guided (`bank.credit`)
     total_credit_count: jax.Array  # [N] int32 lifetime number of outcomes
 
     @property
@@ -72,8 +70,6 @@ def init(capacity: int, entry_len: int, key_dim: int) -> ExperienceBank:
         source=jnp.full((n,), -1, jnp.int32),
         insert_order=zi,
         next_order=jnp.zeros((), jnp.int32),
-        credit_sum=jnp.zeros((n,), jnp.float32),
-        credit_count=zi,
         total_credit_sum=jnp.zeros((n,), jnp.float32),
         total_credit_count=zi,
     )

@@ -178,10 +178,13 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
     success = ep.success.astype(jnp.float32)
 
     # 4. extractor credit, before this step's edits change any entry's source
+    # (one computation: the per-entry outcome credit is the extractor's reward in the default variant and
+    # the bank's lifetime record, which evaluation's tie-break reads, in every variant)
     entry_ids = jnp.where(has_exp, slots, -1)
-    er = entry_credit(cfg.extraction.reward, success, entry_ids, guided, G, K, cfg.bank.capacity)
-    bank = bank_lib.credit(p.bank, slots, has_exp, 2.0 * success - 1.0, has_exp)
-    bank, _, _, _ = bank_lib.take_credit(bank)
+    outcome = entry_credit("outcome", success, entry_ids, guided, G, K, cfg.bank.capacity)
+    er = outcome if cfg.extraction.reward == "outcome" else entry_credit(cfg.extraction.reward, success, entry_ids,
+                                                                         guided, G, K, cfg.bank.capacity)
+    bank = bank_lib.credit(p.bank, outcome.sum, outcome.count)
     credited = er.count > 0
     buffer = buffer_lib.credit(state.buffer, bank.source, er.mean, jnp.ones_like(er.count), credited & (bank.source >= 0))
     # pruning (our extension): entries whose credit this step is below the threshold are removed

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from crl_jax import bank as B
+from crl_jax.rewards import outcome_rewards
 
 L, D = 3, 2
 
@@ -211,17 +212,14 @@ def test_apply_merge():
     chex.assert_trees_all_close(nb, b)
 
 
-def test_credit_and_take_credit():
+def test_credit_adds_to_the_lifetime_totals_of_valid_entries():
     b = _filled([[1, 0], [0, 1], [1, 1]]).replace(valid=jnp.array([True, True, False]))
-    b = B.credit(b, jnp.array([0, 0, 1, 2, 1]), jnp.array([True, True, True, True, False]),
-                 jnp.array([1.0, -1.0, 1.0, 1.0, 1.0]), jnp.array([True, True, True, True, True]))
-    b = B.credit(b, jnp.array([[0, 1]]), jnp.array([[True, True]]), jnp.array([1.0]), jnp.array([True]))
-    assert b.credit_sum.tolist() == [1.0, 2.0, 0.0] and b.credit_count.tolist() == [3, 2, 0]
-    nb, mean, has, src = B.take_credit(b)
-    np.testing.assert_allclose(mean, [1 / 3, 1.0, 0.0], rtol=1e-6)
-    assert has.tolist() == [True, True, False] and src.tolist() == [100, 101, 102]
-    assert nb.credit_count.tolist() == [0, 0, 0] and nb.total_credit_count.tolist() == [3, 2, 0]
-    assert nb.total_credit_sum.tolist() == [1.0, 2.0, 0.0]
+    b = B.credit(b, jnp.array([1.0, 2.0, 5.0]), jnp.array([3, 2, 5]))  # slot 2 is not valid: ignored
+    b = B.credit(b, jnp.array([-1.0, 0.0, 1.0]), jnp.array([1, 0, 1]))
+    assert b.total_credit_sum.tolist() == [0.0, 2.0, 0.0] and b.total_credit_count.tolist() == [4, 2, 0]
+    nb, slot = B.add(b.replace(valid=jnp.array([True, False, True])), jnp.zeros((L,), jnp.int32), 1,
+                     jnp.ones((D,)), 0, 3, 9)
+    assert int(slot) == 1 and int(nb.total_credit_count[1]) == 0  # a new entry starts without credit
 
 
 def test_size_and_family_counts():
@@ -231,14 +229,15 @@ def test_size_and_family_counts():
 
 
 def _script(bank, rng):
-    """add_many -> retrieve -> credit -> take_credit -> merge: the loop's order of operations."""
+    """add_many -> retrieve -> credit -> merge: the loop's order of operations."""
     r1, r2 = jax.random.split(rng)
     keys = jax.random.normal(r1, (3, D))
     bank, _ = B.add_many(bank, jnp.ones((3, L), jnp.int32), jnp.array([1, 2, 3]), keys, jnp.array([0, 0, 1]),
                          4, jnp.array([1, 2, 3]), jnp.array([True, True, True]))
     bank, slots, found = B.retrieve(bank, keys, jnp.array([0, 0, 1]), r2, 4, top_k=1)
-    bank = B.credit(bank, slots, found, jnp.array([1.0, -1.0, 1.0]), jnp.ones(3, bool))
-    bank, mean, _, _ = B.take_credit(bank)
+    per = outcome_rewards(jnp.array([1.0, 0.0, 1.0]), jnp.where(found[:, 0], slots[:, 0], -1), bank.capacity)
+    bank = B.credit(bank, per.sum, per.count)
+    mean = per.mean
     bank, _ = B.apply_merge(bank, slots[:, 0], jnp.ones((1, L), jnp.int32), jnp.array([2]), jnp.array([True]), 0,
                             4, 9)
     return bank, mean

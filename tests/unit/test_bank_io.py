@@ -20,8 +20,7 @@ def _bank(tok):
     bank, _ = jax.jit(B.add_many)(bank, toks, jnp.array([len(i) for i in ids]), jnp.eye(3, 2), jnp.array([0, 1, 0]),
                                   2, jnp.array([5, 6, 7]), jnp.ones(3, bool))
     bank = bank.replace(times_retrieved=jnp.array([1, 4, 4, 0]))
-    bank = B.credit(bank, jnp.array([1, 1, 2]), jnp.ones(3, bool), jnp.array([1.0, -1.0, 1.0]), jnp.ones(3, bool))
-    return B.take_credit(bank)[0]
+    return B.credit(bank, jnp.array([0.0, 0.0, 1.0, 0.0]), jnp.array([0, 2, 1, 0]))  # slot 1: +1 and -1
 
 
 def test_records_and_format():
