@@ -126,6 +126,8 @@ class LossConfig:
     turn_rows: int = 0  # actor rows (played turns) drawn per update; 0 = every turn of every episode
     epochs: int = 4  # PPO epochs over the actor batch per iteration (stored behaviour log-probs: real ratios)
     minibatches: int = 2  # optimizer steps per epoch (the rows shuffled into this many minibatches)
+    target_kl: float = 0.0  # >0: early stop of an iteration's PPO steps once a step's approx KL to the behaviour
+    #                           policy (measured before the step) exceeds it (tiny path; 0 = off)
 
 
 @dataclass(frozen=True)
@@ -492,6 +494,7 @@ def validate(cfg: Config) -> None:
     need(cfg.loss.turn_rows % cfg.loss.microbatches == 0, "loss.turn_rows", "must be divisible by loss.microbatches")
     need(cfg.loss.epochs >= 1, "loss.epochs", "must be >= 1")
     need(cfg.loss.minibatches >= 1, "loss.minibatches", "must be >= 1")
+    need(cfg.loss.target_kl >= 0.0, "loss.target_kl", "must be >= 0 (0 = off)")
     need(cfg.extraction.epochs >= 1, "extraction.epochs", "must be >= 1")
     need(0 <= cfg.extraction.min_entry < cfg.extraction.max_new_tokens, "extraction.min_entry",
          "must be in [0, extraction.max_new_tokens)")

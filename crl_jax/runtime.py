@@ -223,7 +223,7 @@ def _build(cfg: Config) -> Runtime:
         extractor_constrained_loss(first, rest, early_allowed=early, min_entry=ec.min_entry, eps_low=ec.eps_low,
                                    eps_high=ec.eps_high, temperature=ec.temperature, aux_coef=aux),
         microbatches=lc.microbatches, actor_steps=lc.epochs * lc.minibatches, extractor_steps=ec.epochs,
-        donate=False)
+        actor_target_kl=lc.target_kl, donate=False)
     tx_a = ts.make_optimizer(lr=cfg.actor.lr, weight_decay=cfg.actor.weight_decay, grad_clip=cfg.actor.grad_clip)
     tx_e = ts.make_optimizer(lr=cfg.extractor.lr, weight_decay=cfg.extractor.weight_decay,
                              grad_clip=cfg.extractor.grad_clip)

@@ -198,17 +198,34 @@ def apply_update(state: TrainState, batch, loss_fn: LossFn, microbatches: int = 
     return new_state, metrics
 
 
-def apply_updates(state: TrainState, batches, loss_fn: LossFn, microbatches: int = 1, steps: int = 1):
+def apply_updates(state: TrainState, batches, loss_fn: LossFn, microbatches: int = 1, steps: int = 1,
+                  target_kl: float = 0.0):
     """`steps` optimizer steps in order (`lax.scan`), step i on `batches[i]` (a leading [steps] axis on
     every leaf; steps=1: one step on an unstacked batch) -> (new state, metrics averaged over the steps).
 
     PPO epochs x minibatches: the caller stacks the shuffled minibatches of every epoch; every step sees
     the same behaviour log-probs, so from the second step on the importance ratio is real and the clip acts.
+
+    `target_kl` > 0 (early stopping, as Stable-Baselines3's PPO): the loss's `approx_kl` of step i is
+    measured at the parameters before step i; from the first step whose value exceeds `target_kl` on, the
+    steps are skipped (state unchanged). The metric `steps_taken` counts the steps that were applied.
     """
     if steps == 1:
         return apply_update(state, batches, loss_fn, microbatches)
-    state, mets = jax.lax.scan(lambda st, b: apply_update(st, b, loss_fn, microbatches), state, batches)
-    return state, jax.tree_util.tree_map(lambda x: x.mean(0), mets)
+    if target_kl <= 0.0:
+        state, mets = jax.lax.scan(lambda st, b: apply_update(st, b, loss_fn, microbatches), state, batches)
+        return state, jax.tree_util.tree_map(lambda x: x.mean(0), mets)
+
+    def step(carry, b):
+        st, stopped = carry
+        new, m = apply_update(st, b, loss_fn, microbatches)
+        go = ~stopped & (m["approx_kl"] <= target_kl)
+        st = jax.tree_util.tree_map(lambda a, o: jnp.where(go, a, o), new, st)
+        return (st, ~go), dict(m, taken=go.astype(_F32))
+
+    (state, _), mets = jax.lax.scan(step, (state, jnp.asarray(False)), batches)
+    taken = mets.pop("taken")
+    return state, dict(jax.tree_util.tree_map(lambda x: x.mean(0), mets), steps_taken=taken.sum())
 
 
 def _prefix(tag: str, metrics: dict) -> dict:
@@ -217,7 +234,8 @@ def _prefix(tag: str, metrics: dict) -> dict:
 
 def make_co_update(actor_loss_fn: LossFn, extractor_loss_fn: LossFn, *,
                    microbatches: int = 1, extractor_microbatches: int | None = None,
-                   actor_steps: int = 1, extractor_steps: int = 1, donate: bool = True, max_traces: int | None = None, compiler_options: dict | None = None):
+                   actor_steps: int = 1, extractor_steps: int = 1, actor_target_kl: float = 0.0, donate: bool = True,
+                   max_traces: int | None = None, compiler_options: dict | None = None):
     """The jit-compiled co-update (actor_state, extractor_state, actor_batch, extractor_batch) ->
     (actor_state, extractor_state, metrics); both states are donated.
 
@@ -226,14 +244,16 @@ def make_co_update(actor_loss_fn: LossFn, extractor_loss_fn: LossFn, *,
     `max_traces` wraps the program in `chex.assert_max_traces` (a retrace guard for tests);
     `compiler_options` go to `jax.jit` (e.g. {"xla_backend_optimization_level": 0} for fast CPU compiles).
     `actor_steps` / `extractor_steps` > 1: the batch carries a leading [steps] axis and each model takes
-    that many optimizer steps in order (`apply_updates`: PPO epochs x minibatches, extractor epochs).
+    that many optimizer steps in order (`apply_updates`: PPO epochs x minibatches, extractor epochs);
+    `actor_target_kl` > 0 stops the actor's steps early (`apply_updates` `target_kl`).
     The states' static parts (graphdef, tx) are part of the compiled signature: build the optimizer
     once and reuse it for every state (including restored ones) to avoid recompiling.
     """
     ext_mb = microbatches if extractor_microbatches is None else extractor_microbatches
 
     def co_update_fn(actor_state, extractor_state, actor_batch, extractor_batch):
-        actor_state, a_met = apply_updates(actor_state, actor_batch, actor_loss_fn, microbatches, actor_steps)
+        actor_state, a_met = apply_updates(actor_state, actor_batch, actor_loss_fn, microbatches, actor_steps,
+                                           actor_target_kl)
 
         def run(st):
             return apply_updates(st, extractor_batch, extractor_loss_fn, ext_mb, extractor_steps)

@@ -186,3 +186,24 @@ def test_microbatch_accumulation_is_exact(data):
             np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-7)
     with pytest.raises(ValueError, match="divisible"):
         ts._split_microbatches(ab, 3)
+
+
+def test_apply_updates_target_kl_stops_at_the_first_step_over_it():
+    """approx KL per step (measured before it) 0.01, 0.02, 0.5, 0.01 with target 0.1: steps 0 and 1 are
+    applied, step 2 and every later one skipped; target 0 applies all four."""
+
+    def loss_fn(graphdef, params, batch):
+        first = jax.tree_util.tree_leaves(params)[0]
+        return jnp.sum(first.astype(jnp.float32)) * batch["w"], (jnp.float32(1.0), {"approx_kl": batch["kl"]})
+
+    batches = {"w": jnp.ones((4,)), "kl": jnp.array([0.01, 0.02, 0.5, 0.01])}
+    actor, _ = _states()
+    run = jax.jit(lambda st, b, tk: ts.apply_updates(st, b, loss_fn, 1, 4, tk), static_argnums=2)
+    stopped, m = run(actor, batches, 0.1)
+    assert int(stopped.step) == 2 and float(m["steps_taken"]) == 2.0
+    two, _ = jax.jit(lambda st, b: ts.apply_updates(st, b, loss_fn, 1, 2))(
+        _states()[0], jax.tree_util.tree_map(lambda x: x[:2], batches))
+    for a, b in zip(jax.tree_util.tree_leaves(stopped.params), jax.tree_util.tree_leaves(two.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # exactly the first two steps
+    every, m0 = run(_states()[0], batches, 0.0)
+    assert int(every.step) == 4 and "steps_taken" not in m0
