@@ -34,10 +34,7 @@ from crl_jax import host_eval
 from crl_jax.evaluate import evaluate_all
 from crl_jax.host_play import _Clock, Games, Timer, compiled, games_of, play_host, seeds_from_key_data  # noqa: F401
 from crl_jax.loop import EVAL_KEYS, eval_due
-
-
-def is_host(rt) -> bool:
-    return bool(getattr(rt.env, "is_host", False))
+from crl_jax.runtime import is_host  # noqa: F401  (re-exported: host_loop.is_host)
 
 
 def host_step(rt, state, timer=None):

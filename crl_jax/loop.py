@@ -40,7 +40,7 @@ from crl_jax.config import ConfigError
 from crl_jax.evaluate import evaluate_all
 from crl_jax.experience import guided_mask, query_from_observation, retrieve_entries
 from crl_jax.rollout import first_observation
-from crl_jax.runtime import Runtime, build
+from crl_jax.runtime import Runtime, build, is_host
 
 
 @struct.dataclass
@@ -280,7 +280,7 @@ def train(cfg, key):
     (Built-in environments and tiny models; the LLM path runs through `crl_jax.run.run`.)
     """
     rt = build(cfg)
-    if getattr(rt.env, "is_host", False):
+    if is_host(rt):
         raise ConfigError(f"env.name={cfg.env.name!r} is a host-side environment: it cannot run inside one "
                           "compiled program; use crl_jax.run.run (crl-jax train), which steps it on the host")
     return run_steps(rt, init_state(rt, key, cfg), cfg.steps, cfg.steps)

@@ -165,6 +165,11 @@ def _prior_id(cfg: Config):
     return pretrain.prior_id(cfg) if cfg.pretrain.enabled else None
 
 
+def runtime_of(cfg: Config):
+    """The (cached) Runtime of the path a config runs on: the LLM path's or the built-in one."""
+    return llm.build(cfg) if llm.is_llm_config(cfg) else build(cfg)
+
+
 def engine(cfg: Config):
     """(runtime, init_state, chunk, run_steps) of the path a config runs on: the one compiled loop
     (`crl_jax.loop`) on the built-in backend or the LLM backend (`crl_jax.llm`: pretrained models, chat
@@ -172,7 +177,7 @@ def engine(cfg: Config):
     jitted pieces). Every chunk has the contract of `loop.compiled_chunk(rt, n)`: `(state, last_step) ->
     (state, metrics [n])` over the same `LoopState`; the pure `run_steps` (None for the host driver) is
     what a sharded run jits with in/out shardings."""
-    rt = llm.build(cfg) if llm.is_llm_config(cfg) else build(cfg)
+    rt = runtime_of(cfg)
     if host_loop.is_host(rt):
         return rt, loop.init_state, host_loop.chunk, None
     return rt, loop.init_state, loop.compiled_chunk, loop.run_steps
@@ -184,7 +189,7 @@ def step_function(cfg: Config, run_steps, rt=None):
     its backend donates (two LLMs with optimizer states do not fit twice in memory)."""
     if run_steps is None:
         return None, False
-    rt = rt if rt is not None else (llm.build(cfg) if llm.is_llm_config(cfg) else build(cfg))
+    rt = rt if rt is not None else runtime_of(cfg)
     return loop.step_with_eval, rt.backend.donate
 
 

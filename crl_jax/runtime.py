@@ -94,6 +94,12 @@ class Runtime:
         return jnp.where(off == 0, first[None], jnp.where(off <= m, early[None], rest[None]))
 
 
+def is_host(rt) -> bool:
+    """Does the Runtime's environment step on the host (an adapter, `crl_jax.host_env`)? Then its rollouts
+    cannot run inside one compiled program (`crl_jax.host_loop` drives them)."""
+    return bool(getattr(rt.env, "is_host", False))
+
+
 def response_masks(vocab_size, op_ids, action_ids, eos_id):
     """(first [V], early [V], rest [V]) bool masks of extractor responses (see `Runtime.response_masks`)."""
     first = jnp.zeros((vocab_size,), bool).at[op_ids].set(True)
