@@ -9,11 +9,12 @@ and without experience, and the step's extractor-op and bank metrics.
 """
 import sys, time, jax, jax.numpy as jnp, numpy as np
 from crl_jax.config import load
-from crl_jax.runtime import build
+from crl_jax.loop.runtime import build
+from crl_jax import bank as bank_lib
 from crl_jax import loop
-from crl_jax.experience import query_keys
-from crl_jax.evaluate import pool_setup
-from crl_jax.rollout import episode_reset_keys
+from crl_jax.actor.experience import query_keys
+from crl_jax.actor.evaluate import pool_setup
+from crl_jax.actor.rollout import episode_reset_keys
 from crl_jax.envs.actions import token_to_action
 seed = int(sys.argv[1]); cfg = load(None, sys.argv[2:])
 rt = build(cfg)
@@ -51,7 +52,7 @@ for c in range(cfg.steps // 5):
     used = np.asarray(b.times_retrieved)
     tc = np.asarray(b.total_credit_count); ts = np.asarray(b.total_credit_sum)
     val = v & (tc > 0); mc = np.where(tc > 0, ts / np.maximum(tc, 1), 0)
-    slot_e = np.asarray(loop.bank_lib.retrieve_best(b, q, jnp.zeros(q.shape[:1], jnp.int32), min_similarity=0.95, used_bonus=1e-6, credit_bonus=1e-4)[0])
+    slot_e = np.asarray(bank_lib.retrieve_best(b, q, jnp.zeros(q.shape[:1], jnp.int32), min_similarity=0.95, used_bonus=1e-6, credit_bonus=1e-4)[0])
     picked_val = val[np.maximum(slot_e, 0)][has].mean() if has.any() else float('nan')
     print(f"   validated {val.sum()} val_good {(val&good).sum()} val_pos {(val&(mc>0)).sum()} val_pos_good {(val&(mc>0)&good).sum()} levels_valpos_good {len(set(lvl[val&(mc>0)&good].tolist()))} eval_picked_validated {picked_val:.2f}")
     ev = m['eval_heldin_with_exp']; evo = m['eval_heldin_without_exp']

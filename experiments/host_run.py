@@ -1,7 +1,7 @@
-"""Train with a host-side environment (e.g. real MiniHack) into `crl_jax.run.run`-format run folders.
+"""Train with a host-side environment (e.g. real MiniHack) into `crl_jax.infra.run.run`-format run folders.
 
-Until `crl_jax.run` dispatches host Runtimes itself, this driver swaps the compiled chunk for the host loop
-(`crl_jax.host_loop.chunk`, same contract) and otherwise runs `crl_jax.run.run` unchanged: metrics.csv,
+Until `crl_jax.infra.run` dispatches host Runtimes itself, this driver swaps the compiled chunk for the host loop
+(`crl_jax.backends.host.driver.chunk`, same contract) and otherwise runs `crl_jax.infra.run.run` unchanged: metrics.csv,
 TensorBoard, checkpoints and resume, summary.json. It also prints the host-env vs compiled time split.
 
     python experiments/host_run.py --config experiments/configs/minihack_real.yaml --method crl --seed 0 \
@@ -17,7 +17,9 @@ import argparse
 import json
 import os
 
-from crl_jax import host_loop, loop, run
+from crl_jax import loop
+from crl_jax.backends.host import driver as host_loop
+from crl_jax.infra import run
 from crl_jax.config import load
 
 
@@ -52,7 +54,7 @@ def main(argv=None):
             return compiled_chunk(rt, n)
         return lambda state, last: host_loop.run_steps(rt, state, n, last, timer=timer)
 
-    loop.compiled_chunk = chunk  # crl_jax.run looks it up on the module at call time
+    loop.compiled_chunk = chunk  # crl_jax.infra.run looks it up on the module at call time
     try:
         for out, cfg in runs:
             timer = host_loop.Timer()

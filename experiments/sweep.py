@@ -4,7 +4,7 @@
         [--seeds 3] [--steps N] [--chunk N] [--no-plot] [--dry-run]
 
 The sweep file names a base config, common overrides, seeds and a grid of dotted keys (format in
-`crl_jax/sweep.py` and `experiments/configs/sweep_example.yaml`). Grid points that build the same
+`crl_jax/infra/sweep.py` and `experiments/configs/sweep_example.yaml`). Grid points that build the same
 Runtime — differing only in seed, method, `loss.group_split`, `loss.advantage` or `extraction.merge` —
 run together as ONE compiled program, vmapped over every (point, seed); points that change the Runtime
 (learning rates, model widths, groups, env, ...) are separate programs run one after another, so keep
@@ -29,7 +29,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from crl_jax.sweep import expand, load_spec, plan, run_sweep
+from crl_jax.infra.sweep import plan, run_sweep
+from crl_jax.infra.sweep_spec import expand, load_spec
 
 
 def main(argv=None) -> int:

@@ -1,9 +1,15 @@
 """A small LLM-path runtime for CPU tests: the real SmolLM2 tokenizer, chat template and prompt pieces
-around random 1-block, 16-wide models (the `crl_jax.llm.runtime._build` test hooks)."""
+around random 1-block, 16-wide models (the `crl_jax.backends.llm.runtime._build` test hooks)."""
 
 from crl_jax.config import load
-from crl_jax.llm import runtime as lrt
 from crl_jax.models import transformer as tr
+
+try:
+    from crl_jax.backends.llm import runtime as lrt
+except ModuleNotFoundError as e:  # experiments/same_metrics.py runs this file in a tree of the layout before #15 too
+    if e.name not in ("crl_jax.backends", "crl_jax.backends.llm"):
+        raise
+    from crl_jax.llm import runtime as lrt  # the flat layout (crl_jax/llm/runtime.py)
 
 
 def small_runtime(overrides: dict):

@@ -14,7 +14,7 @@ import jax
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-from crl_jax import distributed
+from crl_jax.infra import distributed
 from crl_jax.config import DistributedConfig, MeshConfig
 
 
@@ -30,9 +30,9 @@ def main():
     import jax.numpy as jnp
     import numpy as np
 
-    from crl_jax import sharding
-    from crl_jax.checkpoint import Checkpointer
-    from crl_jax.runtime import build
+    from crl_jax.infra import sharding
+    from crl_jax.infra.checkpoint import Checkpointer
+    from crl_jax.loop.runtime import build
 
     sys.path.insert(0, os.path.dirname(__file__))
     from _sharding_common import STEPS, micro_cfg

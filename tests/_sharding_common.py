@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 from _micro import MICRO
 
-from crl_jax import loop, sharding
+from crl_jax import loop
+from crl_jax.infra import sharding
 from crl_jax.config import MeshConfig, load
-from crl_jax.runtime import build
+from crl_jax.loop.runtime import build
 
 STEPS = 2
 COMPARED = ("success_all", "success_guided", "success_free", "bank_size", "episode_turns", "actor/loss",

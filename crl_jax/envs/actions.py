@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from crl_jax.tokenizers import ByteTokenizer
+from crl_jax.text.tokenizers import ByteTokenizer
 
 OPEN_TAG, CLOSE_TAG = "<answer>", "</answer>"
 _WS = b" \t\n\r"

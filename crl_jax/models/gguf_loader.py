@@ -20,10 +20,10 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from crl_jax.errors import CheckpointError
+from crl_jax.infra.errors import CheckpointError
 from crl_jax.models.loading import build_from_getter
 from crl_jax.models.transformer import TransformerConfig
-from crl_jax.tokenizers import HFTokenizer
+from crl_jax.text.tokenizers import HFTokenizer
 
 SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3")
 

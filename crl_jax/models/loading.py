@@ -28,9 +28,9 @@ from safetensors import safe_open
 
 # One error class for every unreadable checkpoint (run-folder Orbax checkpoints and model files alike): the
 # CLI catches it and prints one line. Raised here with a message naming the file, tensor or config field.
-from crl_jax.errors import CheckpointError  # noqa: F401
+from crl_jax.infra.errors import CheckpointError  # noqa: F401
 from crl_jax.models.transformer import Transformer, TransformerConfig, as_dtype
-from crl_jax.tokenizers import HFTokenizer
+from crl_jax.text.tokenizers import HFTokenizer
 
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 # Defaults of the transformers config classes for keys a config.json may omit.

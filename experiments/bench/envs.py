@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from crl_jax.envs import make
 from crl_jax.envs.render import make_token_renderer
-from crl_jax.tokenizers import ByteTokenizer
+from crl_jax.text.tokenizers import ByteTokenizer
 
 CONFIGS = {
     "room": dict(dark=True, traps=True, monster=True),

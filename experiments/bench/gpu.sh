@@ -11,7 +11,7 @@
 #   decode_cache   the same shape: old sampler vs in-place cache vs live-length attention (ratios, one process)
 #   train_mfu      Qwen2.5-0.5B shape training step MFU, vocabulary-tiled vs full-logits log-probs
 #   iteration      CRL vs GRPO iteration of the embedded default, and 8 vmapped seeds vs 1 (sweep.vmapped_chunk);
-#                  on a fresh machine it may first train the tiny prior (cached afterwards; see crl_jax/pretrain.py)
+#                  on a fresh machine it may first train the tiny prior (cached afterwards; see crl_jax/learner/pretrain.py)
 #   logprob_memory compiled temporary memory of the log-prob loss at V 49,152 / T 1,024 and at Qwen's V
 # Targets (issue #16): decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
 set -u

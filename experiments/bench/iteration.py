@@ -4,7 +4,7 @@
 
 Both methods run the same compiled program (the method is a traced flag), so the ratio measures the
 work the bank adds: retrieval, distillation, credit, extractor update and merge. The seed sweep runs
-`crl_jax.sweep.vmapped_chunk` (what `crl-jax sweep` uses: step counter and flags unbatched, so the conds
+`crl_jax.infra.sweep.vmapped_chunk` (what `crl-jax sweep` uses: step counter and flags unbatched, so the conds
 stay conds; `--plain-vmap`: plain `jax.vmap`, the conds become selects). Compile time is excluded (reported apart).
 """
 
@@ -17,9 +17,10 @@ import time
 import jax
 import jax.numpy as jnp
 
-from crl_jax import loop, sweep
+from crl_jax import loop
+from crl_jax.infra import sweep
 from crl_jax.config import load
-from crl_jax.runtime import build
+from crl_jax.loop.runtime import build
 
 
 def timed_chunk(fn, state, steps, reps):

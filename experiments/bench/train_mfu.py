@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from crl_jax import train_state as ts
+from crl_jax.learner import train_state as ts
 from crl_jax.models import transformer as tr
 from crl_jax.models.presets import preset_config
 

@@ -1,4 +1,4 @@
-"""Multi-turn agentic rollouts, episodes/s: our compiled `crl_jax.rollout.play` vs Tunix's agentic engine.
+"""Multi-turn agentic rollouts, episodes/s: our compiled `crl_jax.actor.rollout.play` vs Tunix's agentic engine.
 
     bash experiments/bench/tunix_setup.sh                      # once: the separate Tunix venv
     python experiments/bench/tunix_agentic.py --quick
@@ -38,7 +38,7 @@ import tunix_common as tc  # noqa: E402
 from crl_jax import envs  # noqa: E402
 from crl_jax.envs.actions import action_token_ids, tiny_tokenizer  # noqa: E402
 from crl_jax.envs.render import make_token_renderer  # noqa: E402
-from crl_jax.rollout import Segments, play  # noqa: E402
+from crl_jax.actor.rollout import Segments, play  # noqa: E402
 
 EXTRAS = ("<ADD>", "<UPDATE>", "<RETURN>")
 

@@ -7,7 +7,7 @@ import pytest
 
 
 def crl(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "crl_jax.cli", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "crl_jax.infra.cli", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=120)
 
 

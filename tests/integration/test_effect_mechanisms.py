@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 
 from crl_jax import bank as bank_lib
-from crl_jax import loop, pretrain
+from crl_jax import loop
+from crl_jax.learner import pretrain
 from crl_jax.config import load
-from crl_jax.loss_fns import TurnBatch, actor_turn_loss
+from crl_jax.learner.loss_fns import TurnBatch, actor_turn_loss
 from crl_jax.envs.actions import action_allowed_mask
-from crl_jax.merge import grouped_order
-from crl_jax.rollout import build_prompt, play
-from crl_jax.runtime import build
+from crl_jax.extractor.merge import grouped_order
+from crl_jax.actor.rollout import build_prompt, play
+from crl_jax.loop.runtime import build
 
 MICRO = ["rollout.groups=2", "rollout.group_size=4", "env.max_turns=4", "env.num_train_tasks=4",
          "env.num_eval_tasks=4", "extraction.batch=4", "extraction.buffer_capacity=16", "bank.capacity=16",
@@ -151,7 +152,7 @@ def test_temperature_training_logprobs_equal_sampled_ones():
 @pytest.mark.parametrize("jit", [False, True])
 def test_sequence_ratio_is_shared_by_an_episodes_rows(jit):
     """ratio=sequence: rows of one episode share exp(mean log-ratio); literal values on a 1-param model."""
-    from crl_jax.loss_fns import episode_mean
+    from crl_jax.learner.loss_fns import episode_mean
 
     f = jax.jit(episode_mean) if jit else episode_mean
     x = jnp.asarray([0.2, -0.4, 1.0, 3.0])
@@ -226,8 +227,8 @@ def test_shared_tie_ranks_rotate_training_retrieval_through_one_levels_entries()
 
 
 def test_compact_distill_prompt_puts_moves_then_outcome_before_the_answer():
-    from crl_jax.distill import distill_prompts
-    from crl_jax.pretrain import _Moves
+    from crl_jax.extractor.distill import distill_prompts
+    from crl_jax.learner.pretrain import _Moves
 
     rt = build(micro())
     a = [int(x) for x in rt.action_ids]

@@ -14,11 +14,11 @@ import jax
 import numpy as np
 import pytest
 
-from crl_jax import cli
-from crl_jax.checkpoint import Checkpointer, CheckpointError
+from crl_jax.infra import cli
+from crl_jax.infra.checkpoint import Checkpointer, CheckpointError
 from crl_jax.config import ConfigError, load
-from crl_jax.metrics import read_csv
-from crl_jax.run import RunFolderError, RunLock, run
+from crl_jax.infra.metrics import read_csv
+from crl_jax.infra.run import RunFolderError, RunLock, run
 
 TINY = ["rollout.groups=2", "rollout.group_size=4", "env.max_turns=5", "eval.tasks=4", "checkpoint_every=1",
         "env.num_train_tasks=4", "env.num_eval_tasks=4", "extraction.batch=4", "extraction.buffer_capacity=16",
@@ -94,7 +94,7 @@ def test_kill_9_at_random_points_then_resume_is_byte_identical(straight, tmp_pat
     """Five kills by a seeded killer (while a checkpoint is being written, or a random delay after a new
     row), each followed by a resume with the same command; the finished run equals the uninterrupted one."""
     d = str(tmp_path / "run")
-    cmd = [sys.executable, "-m", "crl_jax.cli", "train", "--quiet", "--steps", "8", "--out", d, *TINY]
+    cmd = [sys.executable, "-m", "crl_jax.infra.cli", "train", "--quiet", "--steps", "8", "--out", d, *TINY]
     rng = random.Random(14)
     kills = []
     for i in range(5):
@@ -213,7 +213,7 @@ def test_second_writer_is_refused_and_a_stale_lock_does_not_block(tmp_path):
     # a lock file left by a killed process (its pid long gone) does not block
     (d / ".lock").write_text("999999")
     train(d, 1)
-    p = subprocess.Popen([sys.executable, "-c", "import sys, time; from crl_jax.run import RunLock; "
+    p = subprocess.Popen([sys.executable, "-c", "import sys, time; from crl_jax.infra.run import RunLock; "
                           f"RunLock({str(d)!r}).__enter__(); print('held', flush=True); time.sleep(60)"],
                          stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
@@ -289,8 +289,8 @@ def test_bad_bank_files_exit_2_with_one_line(tmp_path, capsys, content, needle):
 
 def test_bank_file_warnings_count_empty_and_truncated(tmp_path):
     from crl_jax import bank as B
-    from crl_jax.bank_io import BankFileWarning, load_jsonl
-    from crl_jax.tokenizers import ByteTokenizer
+    from crl_jax.bank.io import BankFileWarning, load_jsonl
+    from crl_jax.text.tokenizers import ByteTokenizer
 
     f = tmp_path / "b.jsonl"
     f.write_text("\n")
@@ -366,7 +366,7 @@ def test_nonfinite_updates_warn_total_and_stop(tmp_path, capsys):
 
 
 def test_ctrl_c_says_where_and_exits_130(tmp_path, capsys, monkeypatch):
-    from crl_jax import metrics
+    from crl_jax.infra import metrics
 
     d = tmp_path / "run"
     real = metrics.MetricsWriter.write
@@ -399,8 +399,8 @@ def test_train_help_and_config_show(capsys):
 
 
 def test_plot_series_equals_the_csv_at_the_last_point_and_groups_by_label(tmp_path):
-    from crl_jax.metrics import MetricsWriter
-    from crl_jax.plot import group_series, run_label, smooth_series
+    from crl_jax.infra.metrics import MetricsWriter
+    from crl_jax.infra.plot import group_series, run_label, smooth_series
 
     v = np.array([0.0, 1.0, np.nan, 1.0, 0.25])
     s = smooth_series(v, 3)

@@ -1,4 +1,4 @@
-"""The LLM format prior (crl_jax/llm/format_prior.py) on a small random model with the real SmolLM2
+"""The LLM format prior (crl_jax/backends/llm/format_prior.py) on a small random model with the real SmolLM2
 tokenizer and prompts: synthetic targets are a legal move in the answer format / a JSON list of one add
 (random lesson words) or a return, in the loop's own prompt layout; the data do not depend on the level
 pools; a fit moves only the adapters; the cache returns the same adapters; the run's starting weights
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from _llm_common import small_runtime
 
-from crl_jax.extractor_json import parse_operations
-from crl_jax.llm import format_prior as fpm
-from crl_jax.llm.answer import parse_prefilled_text
+from crl_jax.extractor.ops_json import parse_operations
+from crl_jax.backends.llm import format_prior as fpm
+from crl_jax.backends.llm.answer import parse_prefilled_text
 from crl_jax.models import transformer as tr
 
 SMALL = {"rollout": {"groups": 2, "group_size": 2, "max_action_tokens": 8},

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from _llm_common import small_runtime
 
-import crl_jax.llm as L
+import crl_jax.backends.llm as L
 from crl_jax import loop as tiny
 from crl_jax.config import load
-from crl_jax.extractor_json import parse_operations_with_stats
-from crl_jax.llm.distill import parse_responses
-from crl_jax.llm.rollout import play
+from crl_jax.extractor.ops_json import parse_operations_with_stats
+from crl_jax.backends.llm.distill import parse_responses
+from crl_jax.backends.llm.rollout import play
 from crl_jax.models import transformer as tr
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -101,7 +101,7 @@ def _fuzz_strings(rng, n):
 
 
 def test_json_fuzz_through_the_loops_callback(rt):
-    """10,240 strings, tokenised as a generation would be, through `crl_jax.llm.distill.parse_responses`."""
+    """10,240 strings, tokenised as a generation would be, through `crl_jax.backends.llm.distill.parse_responses`."""
     r, cfg = rt
     tok = r.tokenizer
     R, B = 96, 1024

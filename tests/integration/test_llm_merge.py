@@ -1,6 +1,6 @@
 """The periodic merge on the LLM path: the merge prompt rendered from the templates through the SmolLM2
 chat template (golden file), JSON answers read by the distillation's host parser, the bank / buffer /
-provenance rules of `crl_jax.merge`, bad answers leaving the bank alone, and the real sampler inside the
+provenance rules of `crl_jax.extractor.merge`, bad answers leaving the bank alone, and the real sampler inside the
 compiled merge."""
 
 import os
@@ -12,9 +12,9 @@ import pytest
 from _llm_common import small_runtime
 
 from crl_jax import bank as bank_lib
-from crl_jax import buffer as buffer_lib
-from crl_jax.llm import merge as llm_merge
-from crl_jax.merge_step import merge_into
+from crl_jax.extractor import buffer as buffer_lib
+from crl_jax.backends.llm import merge as llm_merge
+from crl_jax.extractor.merge_step import merge_into
 from crl_jax.models import transformer as tr
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "..", "golden")

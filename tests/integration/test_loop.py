@@ -10,9 +10,9 @@ from _micro import MICRO, micro
 
 from crl_jax import loop
 from crl_jax.config import load
-from crl_jax.metrics import COLUMNS, read_csv
-from crl_jax.run import run
-from crl_jax.runtime import build
+from crl_jax.infra.metrics import COLUMNS, read_csv
+from crl_jax.infra.run import run
+from crl_jax.loop.runtime import build
 
 
 def test_cli_run_columns_determinism_and_resume(tmp_path):
@@ -96,7 +96,7 @@ def test_extractor_credit_scripted_scenario():
 
 def test_free_rollouts_never_see_bank_content():
     """Same level and key: a free rollout handed an entry gets exactly the prompt of one handed nothing."""
-    from crl_jax.rollout import play
+    from crl_jax.actor.rollout import play
 
     cfg = micro()
     rt = build(cfg)

@@ -1,4 +1,4 @@
-"""`crl_jax.run.run` dispatches a config to its path: a host-side environment (real MiniHack) runs through the
+"""`crl_jax.infra.run.run` dispatches a config to its path: a host-side environment (real MiniHack) runs through the
 same run folder, checkpoints and resume as the compiled loop; bad combinations fail with a clear message."""
 
 import json
@@ -10,9 +10,10 @@ pytest.importorskip("nle")  # the `envs` extra (MiniHack); installed in CI
 
 from _micro import HOST_MICRO as MICRO
 
-from crl_jax import host_loop, loop
+from crl_jax import loop
+from crl_jax.backends.host import driver as host_loop
 from crl_jax.config import ConfigError, load
-from crl_jax.run import engine, run
+from crl_jax.infra.run import engine, run
 
 
 def test_host_env_config_runs_through_the_run_folder_and_resumes(tmp_path, capsys):
@@ -26,7 +27,7 @@ def test_host_env_config_runs_through_the_run_folder_and_resumes(tmp_path, capsy
     with open(os.path.join(a, "metrics.csv")) as f, open(os.path.join(b, "metrics.csv")) as g:
         assert f.read() == g.read()
     assert sorted(os.listdir(os.path.join(a, "checkpoints"))) == ["2", "4"]
-    from crl_jax.cli import main
+    from crl_jax.infra.cli import main
 
     capsys.readouterr()
     main(["eval", a])  # the host evaluation of the run's path

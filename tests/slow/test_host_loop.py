@@ -11,12 +11,14 @@ import pytest
 
 pytest.importorskip("nle")  # the `envs` extra (MiniHack); installed in CI
 
-from crl_jax import host_loop, host_play, loop
+from crl_jax import loop
+from crl_jax.backends.host import driver as host_loop
+from crl_jax.backends.host import play as host_play
 from crl_jax.config import ConfigError, load
-from crl_jax.host_env import HostRenderer
-from crl_jax.metrics import ALL_COLUMNS
-from crl_jax.rollout import build_prompt
-from crl_jax.runtime import build
+from crl_jax.backends.host.env import HostRenderer
+from crl_jax.infra.metrics import ALL_COLUMNS
+from crl_jax.actor.rollout import build_prompt
+from crl_jax.loop.runtime import build
 
 from _micro import HOST_MICRO as MICRO  # tests/_micro.py
 
@@ -146,7 +148,7 @@ def test_text_adapters_rejected_with_a_clear_message():
 
 
 def test_host_renderer_truncates_and_drops_legend():
-    from crl_jax.tokenizers import ByteTokenizer
+    from crl_jax.text.tokenizers import ByteTokenizer
 
     r = HostRenderer(ByteTokenizer(), max_len=6, legend=False)
     toks, n = r("ab\n.@.\nLegend: @: you")

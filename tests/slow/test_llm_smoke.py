@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import crl_jax.llm as L
+import crl_jax.backends.llm as L
 from crl_jax.config import load
-from crl_jax.metrics import MetricsWriter, read_csv, rows_from_chunk
+from crl_jax.infra.metrics import MetricsWriter, read_csv, rows_from_chunk
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -60,7 +60,7 @@ def test_smollm2_smoke_two_iterations(tmp_path, layers):
 def test_truncate_layers_keeps_the_first_blocks_and_the_shared_tensors():
     from flax import nnx
 
-    from crl_jax.llm.runtime import truncate_layers
+    from crl_jax.backends.llm.runtime import truncate_layers
     from crl_jax.models import transformer as tr
 
     cfg = tr.tiny_config(50, hidden_size=8, num_layers=3, num_heads=2, num_kv_heads=1, intermediate_size=16)

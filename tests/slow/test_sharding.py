@@ -7,9 +7,10 @@ import pytest
 from _sharding_common import assert_metrics_close, micro_cfg, on_mesh, one_device
 from jax.sharding import PartitionSpec as P
 
-from crl_jax import loop, sharding
+from crl_jax import loop
+from crl_jax.infra import sharding
 from crl_jax.config import MeshConfig
-from crl_jax.runtime import build
+from crl_jax.loop.runtime import build
 
 
 def test_make_mesh_auto_and_errors():

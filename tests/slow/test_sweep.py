@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from _micro import MICRO, micro
 
-from crl_jax import sweep
+from crl_jax.infra import sweep
 from crl_jax.config import ConfigError
-from crl_jax.run import run
-from crl_jax.metrics import read_csv
-from crl_jax.sweep import SweepSpec, _flat_overrides, expand, load_spec, plan, run_sweep
+from crl_jax.infra.run import run
+from crl_jax.infra.metrics import read_csv
+from crl_jax.infra.sweep import plan, run_sweep
+from crl_jax.infra.sweep_spec import SweepSpec, _flat_overrides, expand, load_spec
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +33,7 @@ def swept(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def singles(tmp_path_factory):
-    """crl_jax.run.run of each (method, seed): the reference run folders."""
+    """crl_jax.infra.run.run of each (method, seed): the reference run folders."""
     base = tmp_path_factory.mktemp("single")
     dirs = {}
     for m in ("crl", "grpo"):
@@ -165,7 +166,7 @@ def test_load_spec_and_cli_dry_run(tmp_path, capsys):
 def test_demo_runs_every_run_alone_and_equals_single_runs(singles, tmp_path, capsys):
     """`crl-jax demo` (the README's main job) on the micro config: every run alone with the single-run
     program (no vmapped program), run folders identical to single runs, table and plot."""
-    from crl_jax.cli import main
+    from crl_jax.infra.cli import main
 
     out = str(tmp_path / "demo")
     before = dict(sweep.TRACES)

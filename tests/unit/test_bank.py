@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from crl_jax import bank as B
-from crl_jax.rewards import outcome_rewards
+from crl_jax.losses.credit import outcome_rewards
 
 L, D = 3, 2
 

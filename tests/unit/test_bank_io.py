@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 
 from crl_jax import bank as B
-from crl_jax.bank_io import entry_records, export_jsonl, format_entries
-from crl_jax.tokenizers import ByteTokenizer
+from crl_jax.bank.io import entry_records, export_jsonl, format_entries
+from crl_jax.text.tokenizers import ByteTokenizer
 
 L = 24
 
@@ -52,7 +52,7 @@ def test_load_jsonl_roundtrip_and_keyless_entries_are_rejected(tmp_path):
     observation) never resemble: it is now an error naming the file and line (issue #13)."""
     import pytest
 
-    from crl_jax.bank_io import load_jsonl
+    from crl_jax.bank.io import load_jsonl
     from crl_jax.config import ConfigError
     from crl_jax.models.embed import HashedNgramEmbedder
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from crl_jax import bank as B
-from crl_jax.rewards import aggregate_by_entry
+from crl_jax.losses.credit import aggregate_by_entry
 
 N, L, D, Q, M, S, TOP_K, CANDS = 6, 3, 4, 3, 2, 3, 2, 4
 
@@ -226,7 +226,7 @@ def test_bank_matches_reference(prefill, ops):
             assert delta.sum() == int(found.sum()) and (delta >= 0).all()
             outcomes = rs.choice([-1.0, 1.0], Q).astype(np.float32)
             cmask = rs.random(Q) < 0.8
-            # the loop's credit: per-entry sums / counts of the outcomes (crl_jax.rewards), then bank.credit
+            # the loop's credit: per-entry sums / counts of the outcomes (crl_jax.losses.credit), then bank.credit
             ids = jnp.where(found & jnp.asarray(cmask)[:, None], slots, -1)
             per = aggregate_by_entry(jnp.broadcast_to(jnp.asarray(outcomes)[:, None], ids.shape), ids, N)
             bank = _credit(bank, per.sum, per.count)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from crl_jax import buffer as XB
+from crl_jax.extractor import buffer as XB
 
 P, R = 2, 3
 _add = jax.jit(XB.add_many)

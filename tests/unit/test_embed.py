@@ -10,7 +10,7 @@ from flax import nnx
 from crl_jax.models import transformer as tr
 from crl_jax.models.embed import (HashedNgramEmbedder, LMMeanPoolEmbedder, MiniLMEmbedder, embed_texts,
                                   minilm_dir)
-from crl_jax.tokenizers import ByteTokenizer
+from crl_jax.text.tokenizers import ByteTokenizer
 
 TOK = ByteTokenizer()
 M32 = 0xFFFFFFFF

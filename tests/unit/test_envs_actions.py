@@ -10,7 +10,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from crl_jax.envs.actions import (action_allowed_mask, action_token_ids, make_answer_parser, parse_answer_text,
                                   tiny_tokenizer, token_to_action)
 from crl_jax.envs.base import DIR_NAMES
-from crl_jax.tokenizers import ByteTokenizer, HFTokenizer
+from crl_jax.text.tokenizers import ByteTokenizer, HFTokenizer
 
 
 def bpe(words, vocab=400):

@@ -13,7 +13,7 @@ from crl_jax.envs import make
 from crl_jax.envs.base import Obs
 from crl_jax.envs.render import make_token_renderer
 from crl_jax.envs.sokoban import bfs_solve
-from crl_jax.tokenizers import ByteTokenizer, HFTokenizer
+from crl_jax.text.tokenizers import ByteTokenizer, HFTokenizer
 
 ENVS = {
     "room": dict(dark=True, traps=True, monster=True),

@@ -6,11 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from crl_jax.extractor import (ADD, RETURN, UPDATE, Operation, build_distill_prompt,
+from crl_jax.extractor.ops import (ADD, RETURN, UPDATE, Operation, build_distill_prompt,
                                parse_constrained, parse_constrained_ops, parse_operations,
                                parse_operations_with_stats)
-from crl_jax.packing import pack_segments, truncate_left, truncate_right
-from crl_jax.tokenizers import ByteTokenizer
+from crl_jax.text.packing import pack_segments, truncate_left, truncate_right
+from crl_jax.text.tokenizers import ByteTokenizer
 
 A = jnp.asarray
 OPS = (300, 301, 302)  # <ADD>, <UPDATE>, <RETURN>
@@ -173,7 +173,7 @@ def test_parse_operations_caps_three():
 
 
 def test_operations_callback_in_jit():
-    from crl_jax.extractor_json import parse_operations_callback
+    from crl_jax.extractor.ops_json import parse_operations_callback
 
     tok = ByteTokenizer()
     texts = ['<answer>[{"op":"add","text":"abcdef"},{"op":"return"}]</answer>', "garbage",

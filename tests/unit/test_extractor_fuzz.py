@@ -10,7 +10,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crl_jax.extractor import MAX_OPS_JSON, Operation, parse_operations, parse_operations_with_stats
+from crl_jax.extractor.ops import MAX_OPS_JSON, Operation, parse_operations, parse_operations_with_stats
 
 OPS = ("add", "update", "return")
 NAMES = ["add", "ADD", " Update ", "return", "RETURN", "delete", "", "adD", "merge", "ret urn", "addd"]

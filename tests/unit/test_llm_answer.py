@@ -1,4 +1,4 @@
-"""The prefilled-answer parser (crl_jax/llm/answer.py) on hand-written replies, device vs host reference,
+"""The prefilled-answer parser (crl_jax/backends/llm/answer.py) on hand-written replies, device vs host reference,
 through the SmolLM2 tokenizer; and the stop tokens that end a prefilled reply at its `</answer>`."""
 
 import jax
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from crl_jax import envs
-from crl_jax.llm.answer import make_reply_parser, parse_prefilled_text, reply_stop_tokens
-from crl_jax.llm.runtime import load_tokenizer
+from crl_jax.backends.llm.answer import make_reply_parser, parse_prefilled_text, reply_stop_tokens
+from crl_jax.backends.llm.runtime import load_tokenizer
 
 NAMES = envs.make("room", pool="train", num_tasks=2).action_names
 # (reply after the prefilled "<answer>", expected move or None)

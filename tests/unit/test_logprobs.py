@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from crl_jax import train_state as ts
+from crl_jax.learner import train_state as ts
 from crl_jax.models import logprobs as LP
 from crl_jax.models import transformer as tfm
 

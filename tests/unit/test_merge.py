@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from crl_jax import bank as bank_lib
-from crl_jax.merge import family_order, merge_bank, merge_family
+from crl_jax.extractor.merge import family_order, merge_bank, merge_family
 
 ADD, UPD, RET, EOS = 300, 301, 302, 258
 HEADER, CTX, ENTRIES, SUFFIX, SEP = 200, 203, 201, 202, 204

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from crl_jax.metrics import COLUMNS, MetricsWriter, read_csv, rows_from_chunk, summary_from_rows
-from crl_jax.plot import band, plot_runs, t_interval
+from crl_jax.infra.metrics import COLUMNS, MetricsWriter, read_csv, rows_from_chunk, summary_from_rows
+from crl_jax.infra.plot import band, plot_runs, t_interval
 
 
 def _chunk(n, first, ev=False):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from crl_jax import rewards as R
+from crl_jax.losses import credit as R
 
 
 def _check(er, total, count, mean):

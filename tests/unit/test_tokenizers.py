@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _checkpoints import CHATML, tiny_bpe
-from crl_jax.tokenizers import CHATML_TEMPLATE, ByteTokenizer, HFTokenizer, Tokenizer
+from crl_jax.text.tokenizers import CHATML_TEMPLATE, ByteTokenizer, HFTokenizer, Tokenizer
 
 # ----------------------------------------------------------------------------------------------
 # ByteTokenizer

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from crl_jax import loss_fns
-from crl_jax import train_state as ts
+from crl_jax.learner import loss_fns
+from crl_jax.learner import train_state as ts
 from crl_jax.models import transformer as tfm
 
 CFG = tfm.tiny_config(64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)

@@ -1,0 +1,167 @@
+"""Multi-turn episodes of the actor in a built-in JAX environment, fully compiled.
+
+One call plays N episodes in lock-step for `T` turns (`lax.scan` over turns, environments vmapped).
+Finished episodes are absorbing, so every episode has the same shape; `active[n, t]` marks the turns
+actually played.
+
+Prompt of one turn ("current" history, the tiny default), packed right-padded into `[P]` tokens:
+
+    <task text> [<exp prefix> <entry> <exp suffix>] [t=<turn>] <observation> <action prompt>
+
+With `rollout.tip_window` = W > 0 (the default) the tip moves next to the action prompt and shows the
+plan from the current turn on (`build_prompt`):
+
+    <task> [t=<turn>] <observation> [<tip marker> entry[t : t+W]] <action prompt>
+
+In the compact view (`crl_jax.envs.compact`) the task is one level token, the turn one token and the
+observation 11 tokens (row, column, 3x3 neighbourhood).
+
+The experience segment is present only for guided episodes that retrieved an entry; free episodes and
+the GRPO baseline see exactly the same text minus that segment (a test asserts it on the built prompts).
+The action is one constrained token (the sampler's allowed-token mask restricted to the action tokens),
+so the log-prob stored with it is that of the distribution actually sampled from.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from crl_jax.envs.actions import action_allowed_mask, token_to_action
+from crl_jax.models import transformer as tr
+from crl_jax.text.packing import pack_segments
+from crl_jax.sampling import sample_logits
+
+
+class Segments(NamedTuple):
+    """Fixed token pieces of the actor prompt, built once on the host by the runtime."""
+
+    exp_prefix: jax.Array  # [Lp] int32, e.g. "Tip: "
+    exp_prefix_len: jax.Array  # []
+    exp_suffix: jax.Array  # [Ls]
+    exp_suffix_len: jax.Array
+    turn: jax.Array  # [T, Lm] "t=3\n" per turn
+    turn_len: jax.Array  # [T]
+    act: jax.Array  # [La] e.g. "Action: "
+    act_len: jax.Array
+    tip_window: int = 0  # >0: show entry[t : t + tip_window] at turn t, right before the action prompt
+
+
+class Episodes(NamedTuple):
+    prompts: jax.Array  # [N, T, P] int32 per-turn prompts (right-padded)
+    prompt_len: jax.Array  # [N, T] int32
+    action_tokens: jax.Array  # [N, T] int32 token chosen at each turn
+    actions: jax.Array  # [N, T] int32 env action (-1: invalid)
+    logp: jax.Array  # [N, T] float32 behaviour log-prob of the action token
+    active: jax.Array  # [N, T] bool: the turn was played
+    reward: jax.Array  # [N] float32 return of the episode
+    success: jax.Array  # [N] bool
+    turns: jax.Array  # [N] int32 turns played
+
+
+def last_logits(graphdef, params, tokens, lengths):
+    """Logits [N, V] of the next token after each right-padded prompt tokens[N, P] of length lengths[N]."""
+    chex.assert_rank([tokens, lengths], [2, 1])
+    model = tr.merge(graphdef, params)
+    return model.unembed(model.last_hidden(tokens, lengths)[:, None])[:, 0]  # last layer: one query row
+
+
+def graphdef_vocab(graphdef, params) -> int:
+    """Vocabulary size of a split model (static)."""
+    return tr.merge(graphdef, params).cfg.vocab_size
+
+
+def build_prompt(task, task_len, exp, exp_len, has_exp, seg: Segments, turn, obs, obs_len, *, turn_marker):
+    """One episode's prompt for one turn -> (tokens [P], length). All inputs unbatched.
+
+    `seg.tip_window` = 0: the whole entry after the task text. W > 0: the plan from the current turn on,
+    entry[turn : turn + W], right before the action prompt (nothing once the plan is used up), so the
+    move to play now is always the token after the tip marker.
+    """
+    z = jnp.int32(0)
+    W = seg.tip_window
+    if W > 0:
+        L = exp.shape[0]
+        shown = jnp.take(exp, jnp.clip(turn + jnp.arange(W), 0, L - 1))
+        shown_len = jnp.clip(exp_len - turn, 0, W).astype(jnp.int32)
+        use = has_exp & (shown_len > 0)
+        tip = [(seg.exp_prefix, jnp.where(use, seg.exp_prefix_len, z)), (shown, jnp.where(use, shown_len, z)),
+               (seg.exp_suffix, jnp.where(use, seg.exp_suffix_len, z))]
+        parts = [(task, task_len)]
+    else:
+        use = has_exp & (exp_len > 0)
+        tip = [(seg.exp_prefix, jnp.where(use, seg.exp_prefix_len, z)), (exp, jnp.where(use, exp_len, z)),
+               (seg.exp_suffix, jnp.where(use, seg.exp_suffix_len, z))]
+        parts = [(task, task_len)] + tip
+    if turn_marker:
+        parts.append((seg.turn[turn], seg.turn_len[turn]))
+    parts.append((obs, obs_len))
+    if W > 0:
+        parts += tip
+    parts.append((seg.act, seg.act_len))
+    return pack_segments(parts)
+
+
+def sample_turn(graphdef, params, seg: Segments, allowed, action_ids, k_play, t, task_tokens, task_len, exp, exp_len,
+                has_exp, obs, obs_len, *, temperature: float, turn_marker: bool):
+    """One turn of N episodes: build the prompts, sample one allowed action token each (key `fold_in(k_play,
+    t)`) -> (prompts [N, P], lengths [N], tokens [N], log-probs [N], env actions [N]). Shared by `play` and
+    the host driver (`crl_jax.backends.host.play`), so both paths build and sample turns identically."""
+    prompts, plen = jax.vmap(
+        lambda a, b, c, d, e, o, ol: build_prompt(a, b, c, d, e, seg, t, o, ol, turn_marker=turn_marker)
+    )(task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len)
+    logits = last_logits(graphdef, params, prompts, plen)
+    tok, lp = sample_logits(logits, jax.random.fold_in(k_play, t), temperature=temperature, allowed=allowed)
+    return prompts, plen, tok, lp, token_to_action(tok, action_ids)
+
+
+def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tasks,
+         task_tokens, task_len, exp, exp_len, has_exp, num_turns: int, temperature: float,
+         turn_marker: bool = True, reset_keys=None) -> Episodes:
+    """Play N episodes. tasks [N] int32 (pool indices), task_tokens [N, Lt], exp [N, L], has_exp [N].
+
+    action_ids [A]: the token of each action (the constrained action vocabulary).
+    reset_keys [N]: per-episode env keys (default `episode_reset_keys(key, N)`, as `first_observation`).
+    Returns `Episodes` with T = num_turns turns.
+    """
+    chex.assert_rank([tasks, task_tokens, exp, has_exp], [1, 2, 2, 1])
+    N = tasks.shape[0]
+    V = graphdef_vocab(graphdef, params)
+    allowed = action_allowed_mask(action_ids, V)
+    k_play = jax.random.fold_in(key, 1)
+    reset_keys = episode_reset_keys(key, N) if reset_keys is None else reset_keys
+    states, _ = jax.vmap(env.reset)(reset_keys, tasks)
+
+    def turn_fn(carry, t):
+        states, done, ret, succ = carry
+        obs_tok, obs_len = jax.vmap(renderer)(states)
+        prompts, plen, tok, lp, act = sample_turn(graphdef, params, seg, allowed, action_ids, k_play, t, task_tokens,
+                                                  task_len, exp, exp_len, has_exp, obs_tok, obs_len,
+                                                  temperature=temperature, turn_marker=turn_marker)
+        new_states, _, r, d, info = jax.vmap(env.step)(states, act)
+        active = ~done
+        ret = ret + jnp.where(active, r, 0.0)
+        succ = succ | (active & info["success"].astype(bool))
+        done = done | d.astype(bool)
+        out = (prompts, plen, tok, act, jnp.where(active, lp, 0.0), active)
+        return (new_states, done, ret, succ), out
+
+    init = (states, jnp.zeros((N,), bool), jnp.zeros((N,), jnp.float32), jnp.zeros((N,), bool))
+    (_, _, ret, succ), (pr, pl, tok, act, lp, active) = jax.lax.scan(turn_fn, init, jnp.arange(num_turns))
+    sw = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731  [T, N, ...] -> [N, T, ...]
+    return Episodes(prompts=sw(pr), prompt_len=sw(pl), action_tokens=sw(tok), actions=sw(act), logp=sw(lp),
+                    active=sw(active), reward=ret, success=succ, turns=active.sum(0).astype(jnp.int32))
+
+
+def episode_reset_keys(key, n: int):
+    """The env reset keys [n] of the episodes played from `key`."""
+    return jax.random.split(jax.random.fold_in(key, 0), n)
+
+
+def first_observation(env, renderer, key, tasks):
+    """Rendered first observation tokens [N, Lo] and lengths [N] (the same reset keys `play` uses)."""
+    states, _ = jax.vmap(env.reset)(episode_reset_keys(key, tasks.shape[0]), tasks)
+    return jax.vmap(renderer)(states)

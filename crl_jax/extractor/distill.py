@@ -1,0 +1,107 @@
+"""The extractor's side of one step: distillation prompts, generation, operations applied to the bank.
+
+For each distilled episode the extractor reads (goal = task text, moves = the actions taken, outcome,
+the entry that guided it if any) and answers with one constrained operation: `<ADD>` + entry,
+`<UPDATE>` + entry (rewrites the retrieved entry), or `<RETURN>`. Entries of the tiny default are
+sequences of action tokens (a plan); the response mask enforces op-token-first, then actions or EOS.
+
+Operations are applied in episode order (a `lax.scan`), so the result is deterministic. Every add or
+update is a generation that can later earn reward: it goes into the extractor sample buffer, and its
+buffer id becomes the entry's `source`. `<RETURN>` and malformed responses write nothing and are counted.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from crl_jax import bank as bank_lib
+from crl_jax.extractor import buffer as buffer_lib
+from crl_jax.extractor.ops import build_distill_prompt, parse_constrained
+from crl_jax.sampling import SamplerConfig, sample_tokens
+
+ADD, UPDATE, RETURN = 0, 1, 2
+
+
+class DistillOut(NamedTuple):
+    bank: object
+    buffer: object
+    n_add: jax.Array
+    n_update: jax.Array
+    n_return: jax.Array
+    n_invalid: jax.Array
+    n_add_failed: jax.Array  # adds / updates written from failed episodes (what RL should learn to avoid)
+
+
+def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, has_exp):
+    """Per-episode distillation prompts [N, P] and lengths [N] (trajectory truncated from the left).
+
+    Compact view: the moves are a fixed-width block of T tokens (PAD after the last move) right before
+    the answer, so the entry's j-th token copies the block's j-th token at a fixed distance."""
+    d = rt.distill
+    budget = rt.cfg.extraction.prompt_len
+    compact = rt.cfg.rollout.view == "compact"
+    moves, n_moves = episodes.action_tokens, episodes.turns
+    if compact:
+        T = moves.shape[1]
+        moves = jnp.where(jnp.arange(T)[None] < n_moves[:, None], moves, rt.tokenizer.pad_id)
+        n_moves = jnp.full_like(n_moves, T)
+
+    def one(tt, tl, moves, n_moves, ok, e, el, he):
+        i = ok.astype(jnp.int32)
+        return build_distill_prompt(d["header"], (tt, tl), moves, n_moves, (d["outcome"][0][i], d["outcome"][1][i]),
+                                    e, jnp.where(he, el, 0), budget, trajectory_prefix=d["trajectory"],
+                                    retrieved_prefix=d["retrieved"], suffix=d["answer"],
+                                    pad_id=rt.tokenizer.pad_id, moves_last=compact)
+
+    return jax.vmap(one)(task_tokens, task_len, moves, n_moves, success, exp, exp_len, has_exp)
+
+
+def apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, step, eviction: str):
+    """Apply operations in order (a `lax.scan` over the leading axis [M]): where `writes`, `op` ADD adds
+    `entry` under `keys` (family 0), UPDATE rewrites the entry in `slots`; `ids` become the entries' source.
+
+    An update must not rewrite a slot that an earlier add of the same call has reused: it is pinned to the
+    insertion counter the entry had before the call (`bank.update(expect_order=...)`).
+    """
+    orders = bank.insert_order[jnp.maximum(slots, 0)]
+
+    def apply_one(b, xs):
+        w, o, e, el, k, s, sid, order, i = xs
+        added, _ = bank_lib.add(b, e, el, k, jnp.int32(0), step, sid, eviction=eviction,
+                                rng=jax.random.fold_in(key, 1000 + i))
+        updated = bank_lib.update(b, s, e, el, step, sid, expect_order=order)
+        nb = jax.tree_util.tree_map(lambda a, u: jnp.where(o == ADD, a, u), added, updated)
+        return jax.tree_util.tree_map(lambda n_, o_: jnp.where(w, n_, o_), nb, b), None
+
+    bank, _ = jax.lax.scan(apply_one, bank, (writes, op, entry, entry_len, keys, slots, ids, orders,
+                                             jnp.arange(writes.shape[0])))
+    return bank
+
+
+def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, episodes, keys, exp, exp_len,
+            has_exp, slots, mask) -> DistillOut:
+    """Generate one operation per masked episode and apply them to bank and buffer in episode order."""
+    cfg = rt.cfg
+    prompts, plen = distill_prompts(rt, task_tokens, task_len, episodes, episodes.success, exp, exp_len, has_exp)
+    scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,
+                         stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id)
+    allowed = rt.response_allowed(cfg.extraction.max_new_tokens)[None]
+    resp, logp, rlen = sample_tokens(rt.extractor_graphdef, eparams, prompts, plen, key, scfg, allowed)
+    op, entry, entry_len, valid = jax.vmap(
+        lambda r, n: parse_constrained(r, n, rt.op_ids, rt.tokenizer.eos_id, cfg.bank.entry_len))(resp, rlen)
+    writes = mask & valid & ((op == ADD) | ((op == UPDATE) & has_exp))
+    P, R = buffer.prompt.shape[1], buffer.response.shape[1]  # the buffer may be wider (merge samples)
+    pad2 = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))  # noqa: E731
+    buffer, ids = buffer_lib.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step,
+                                      writes)
+
+    bank = apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, step, cfg.bank.eviction)
+    n_invalid = jnp.sum(mask & ~valid)
+    n_add = jnp.sum(writes & (op == ADD))
+    n_update = jnp.sum(writes & (op == UPDATE))
+    n_failed = jnp.sum(writes & ~episodes.success.astype(bool))
+    return DistillOut(bank, buffer, n_add, n_update, jnp.sum(mask) - n_add - n_update - n_invalid, n_invalid,
+                      n_failed)

@@ -1,0 +1,143 @@
+"""Orbax checkpoints of the whole `LoopState` (both models, optimizers, bank, buffer, key, step).
+
+Layout: `RUN_DIR/checkpoints/<step>/` written by an `orbax.checkpoint.CheckpointManager` (atomic:
+a checkpoint only counts once Orbax has committed it, so a kill mid-write leaves the previous one, and
+the half-written temporary folder is removed when the folder is opened again).
+Typed PRNG keys are stored as their raw key data and re-wrapped on restore. Restoring needs a
+template state (a freshly initialised one) so shapes and dtypes are checked; a checkpoint that does
+not match or cannot be read raises `CheckpointError` with one line naming the directory.
+
+Nothing is skipped silently: a save that Orbax declines (its step is not newer than the newest one
+on disk) raises, and `restore_latest_valid` moves the unreadable checkpoints newer than the one it
+restores aside (`RUN_DIR/corrupt_checkpoints/<step>`), so the retrained steps can be written again
+and no reader later trips over them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import jax
+import orbax.checkpoint as ocp
+
+from crl_jax.infra.errors import CheckpointError  # noqa: F401  (re-exported: the class the CLI catches)
+
+
+def _to_saveable(state):
+    return state.replace(key=jax.random.key_data(state.key))
+
+
+def _from_saved(saved, template):
+    return saved.replace(key=jax.random.wrap_key_data(saved.key, impl=jax.random.key_impl(template.key)))
+
+
+def _abstract(tree):
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
+
+
+def _first_line(e: BaseException, limit: int = 160) -> str:
+    """`Type: first line of the message`, cut to `limit` characters: TensorStore errors span ~60 lines."""
+    text = (str(e).strip().splitlines() or [""])[0]
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def step_dirs(directory: str) -> list[int]:
+    """Steps with a folder named by an integer under `directory` (committed or not: what a reader would
+    try), without asking Orbax (whose step cache can lag the disk)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
+class Checkpointer:
+    def __init__(self, run_dir: str, keep: int = 3, *, writer: bool = False):
+        """writer: this process owns the folder (holds its lock): half-written temporary folders of a killed
+        save are removed on opening. Readers (`crl-jax eval`) leave them, as a live run may be writing."""
+        if keep < 1:
+            raise CheckpointError(f"keep_checkpoints={keep}: at least one checkpoint must be kept")
+        self.run_dir = os.path.abspath(run_dir)
+        self.directory = os.path.join(self.run_dir, "checkpoints")
+        self._ocp = ocp
+        self._mgr = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=writer))
+
+    def steps(self) -> list[int]:
+        return sorted(self._mgr.all_steps())
+
+    def latest_step(self) -> int | None:
+        return self._mgr.latest_step()
+
+    def save(self, step: int, state) -> None:
+        """Write the checkpoint of `step` and wait for it; raises `CheckpointError` when it was not written."""
+        step = int(step)
+        try:
+            saved = self._mgr.save(step, args=self._ocp.args.StandardSave(_to_saveable(state)))
+            self._mgr.wait_until_finished()
+        except Exception as e:  # orbax: ValueError (step exists), OSError (disk full), tensorstore errors
+            raise CheckpointError(f"checkpoint of step {step} could not be written to {self.directory}: "
+                                  f"{_first_line(e)}") from e
+        if not saved:
+            raise CheckpointError(f"checkpoint of step {step} was not written to {self.directory}: the folder "
+                                  f"already holds step(s) {self.steps()}, not older than it")
+
+    def restore(self, template, step: int | None = None):
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointError(f"no checkpoint in {self.directory}")
+        path = os.path.join(self.directory, str(step))
+        target = _abstract(_to_saveable(template))
+        try:
+            saved = self._mgr.restore(step, args=self._ocp.args.StandardRestore(target))
+        except Exception as e:  # orbax raises many types for unreadable / mismatched trees
+            raise CheckpointError(f"checkpoint {path} cannot be restored (corrupt, incomplete, or written by "
+                                  f"another config: {_first_line(e)}); rerun training with --resume latest_valid "
+                                  "to continue from the newest readable checkpoint") from e
+        bad = [
+            f"{jax.tree_util.keystr(p)}: saved {a.shape}/{a.dtype} vs expected {b.shape}/{b.dtype}"
+            for (p, a), b in zip(jax.tree_util.tree_leaves_with_path(saved), jax.tree_util.tree_leaves(target))
+            if a.shape != b.shape or a.dtype != b.dtype
+        ]
+        if bad:
+            raise CheckpointError(f"checkpoint {path} does not match this run's state: " + "; ".join(bad[:5]))
+        return _from_saved(saved, template), step
+
+    def restore_latest_valid(self, template, log=None):
+        """Newest checkpoint that restores (`--resume=latest_valid`); older ones are tried in turn, and the
+        unreadable ones newer than it are moved aside to `RUN_DIR/corrupt_checkpoints/` (`log` says so)."""
+        errors, bad = [], []
+        for step in reversed(sorted(set(self.steps()) | set(step_dirs(self.directory)))):
+            try:
+                restored = self.restore(template, step)
+            except CheckpointError as e:
+                errors.append(str(e).split(" (corrupt")[0])
+                bad.append(step)
+                continue
+            self.move_aside(bad, log)
+            return restored
+        raise CheckpointError("no readable checkpoint: " + (" | ".join(errors) or f"none in {self.directory}"))
+
+    def move_aside(self, steps, log=None) -> None:
+        """Move the folders of `steps` to `RUN_DIR/corrupt_checkpoints/<step>[.N]` and forget them."""
+        if not steps:
+            return
+        self._mgr.wait_until_finished()
+        aside = os.path.join(self.run_dir, "corrupt_checkpoints")
+        os.makedirs(aside, exist_ok=True)
+        for step in steps:
+            src = os.path.join(self.directory, str(step))
+            if not os.path.exists(src):
+                continue
+            dst, i = os.path.join(aside, str(step)), 1
+            while os.path.exists(dst):
+                dst, i = os.path.join(aside, f"{step}.{i}"), i + 1
+            shutil.move(src, dst)
+            if log is not None:
+                log(f"moved unreadable checkpoint {src} to {dst}")
+        self._mgr.reload()
+
+    def close(self):
+        self._mgr.close()

@@ -1,0 +1,252 @@
+"""`crl-jax` command line: train | eval | demo | pretrain | plot | bank | config.
+
+    crl-jax train --config experiments/configs/default.yaml [--method M] [--seed N] [--steps N]
+                  [--out DIR] [--resume latest|latest_valid|never] [--overwrite] [--label L]
+                  [--max-nonfinite N] [key=value ...]
+    crl-jax config show [--config F] [key=value ...]   # the resolved config, every key
+    crl-jax eval DIR                      # evaluate the latest checkpoint of a run folder
+    crl-jax demo [--seeds 3] [--out runs/demo]   # the README's main job: CRL vs GRPO, table + plot
+    crl-jax plot DIR [DIR ...] [--out FILE]
+    crl-jax bank show DIR [--task N] [--top N] | crl-jax bank export DIR --out FILE.jsonl
+
+Errors in the config, checkpoint, bank file or run folder exit with status 2 and one line naming what is
+wrong; a run stopped for too many non-finite updates exits 3; Ctrl-C exits 130 (rerun to resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+
+def _load_cfg(args, extra_overrides=()):
+    from crl_jax.config import load
+
+    ov = list(args.overrides or []) + list(extra_overrides)
+    for flag in ("method", "seed", "steps"):
+        v = getattr(args, flag, None)
+        if v is not None:
+            ov.append(f"{flag}={v}")
+    return load(args.config, ov)  # no file: the embedded default (Config's defaults)
+
+
+def cmd_train(args):
+    from crl_jax.infra.run import run
+
+    cfg = _load_cfg(args)
+    out = args.out or os.path.join("runs", f"{cfg.method}_seed{cfg.seed}")
+    summary = run(cfg, out, resume=args.resume, progress=not args.quiet, label=args.label,
+                  overwrite=args.overwrite, max_nonfinite=args.max_nonfinite)
+    print(json.dumps(summary, indent=2, sort_keys=True))
+
+
+def cmd_config(args):
+    """Print the resolved config (file + overrides, validated) as YAML with every key, so keys are
+    discoverable and a run's exact settings can be copied."""
+    import yaml
+
+    from crl_jax.config import to_dict
+
+    print(yaml.safe_dump(to_dict(_load_cfg(args)), sort_keys=False, default_flow_style=False), end="")
+
+
+def _restore_run(run_dir):
+    """(config, runtime, restored state, step) of a run folder, on the path its config runs on."""
+    import jax
+
+    from crl_jax.infra.checkpoint import Checkpointer
+    from crl_jax.config import drop_removed_keys, from_dict
+    from crl_jax.infra.run import engine
+
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{run_dir} is not a run folder (no config.json)")
+    with open(path) as f:
+        d = json.load(f)
+    d.pop("label", None)
+    cfg = from_dict(drop_removed_keys(d, path))
+    rt, init, _, _ = engine(cfg)
+    ck = Checkpointer(run_dir)
+    state, step = ck.restore(init(rt, jax.random.key(cfg.seed), cfg))
+    return cfg, rt, state, step
+
+
+def _evaluator(cfg, rt):
+    """The greedy held-in / held-out evaluation of the run's path (`evaluate.evaluate_all` over the path's
+    pool function: the backend's compiled one, or the host driver's)."""
+    import jax
+
+    from crl_jax.backends.host import evaluate as host_eval
+    from crl_jax.backends.host import driver as host_loop
+    from crl_jax.actor.evaluate import evaluate_all
+
+    if host_loop.is_host(rt):
+        return lambda s: evaluate_all(rt, s, host_eval.evaluate_pool)
+    return jax.jit(lambda s: evaluate_all(rt, s, rt.backend.evaluate_pool))
+
+
+def cmd_eval(args):
+    cfg, rt, state, step = _restore_run(args.run_dir)
+    res = {k: float(v) for k, v in _evaluator(cfg, rt)(state).items()}
+    print(json.dumps({"step": step, **res}, indent=2, sort_keys=True))
+
+
+def cmd_plot(args):
+    from crl_jax.infra.plot import plot_runs
+
+    out = args.out or os.path.join(args.run_dirs[0], "curves.png")
+    print(plot_runs(args.run_dirs, out))
+
+
+def cmd_bank(args):
+    from crl_jax.bank.io import export_jsonl, format_entries
+    from crl_jax.config import ConfigError
+
+    _, rt, state, _ = _restore_run(args.run_dir)
+    if args.action == "show":
+        print(format_entries(state.bank, rt.tokenizer, task=args.task, top=args.top))
+    else:
+        if not args.out:
+            raise ConfigError("bank export needs --out FILE.jsonl")
+        export_jsonl(state.bank, rt.tokenizer, args.out)
+        print(args.out)
+
+
+def cmd_pretrain(args):
+    """Train the prior of a config (synthetic data only) into the cache and print its id and losses."""
+    from crl_jax.learner import pretrain
+    from crl_jax.loop.runtime import build
+
+    cfg = _load_cfg(args)
+    rt = build(cfg)
+    pretrain.prior_params(rt, log=print)
+    meta = os.path.join(pretrain.cache_dir(cfg), f"prior-{pretrain.prior_id(cfg)}.json")
+    with open(meta) as f:
+        print(f.read())
+
+
+def cmd_demo(args):
+    from crl_jax.infra.demo import demo
+
+    demo(seeds=args.seeds, out=args.out, steps=args.steps, config=args.config, overrides=args.overrides or [],
+         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()))
+
+
+OVERRIDES_HELP = """overrides:
+  Any config field can be set after the options as a dotted key=value, the same nesting as the YAML file:
+    crl-jax train --out runs/a actor.lr=1e-3 rollout.groups=8 env.params.dark=false
+  Values are YAML scalars (1e-3, true, "text"); the command line wins over --config, which wins over the
+  defaults. Unknown keys, wrong types and out-of-range values exit 2 naming the key.
+  `crl-jax config show [--config F] [key=value ...]` prints every key with its resolved value.
+
+resuming:
+  Rerunning the same command resumes from the newest checkpoint in --out; --steps may grow (the training
+  columns equal an uninterrupted run's). steps, checkpoint_every, keep_checkpoints and eval.every may
+  change on a resume; any other difference is refused, naming the keys.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="crl-jax", description="Complementary RL in JAX")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("train", help="train one run (resumes from the latest checkpoint in --out)",
+                       epilog=OVERRIDES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
+    t.add_argument("--method", default=None, choices=["crl", "grpo", "static_online", "offline", "exp_only"])
+    t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--out", default=None, help="run folder (default runs/<method>_seed<seed>)")
+    t.add_argument("--resume", default="latest", choices=["latest", "latest_valid", "never"],
+                   help="latest: the newest checkpoint (must be readable); latest_valid: the newest readable one "
+                        "(newer unreadable ones are moved to corrupt_checkpoints/); never: start fresh (refused on "
+                        "a folder holding a run unless --overwrite)")
+    t.add_argument("--overwrite", action="store_true", help="delete the run already in --out and start clean")
+    t.add_argument("--label", default=None, help="name of the run's group in plots (default: the folder name, or "
+                                                 "the parent folder of OUT/<label>/seed<N>)")
+    t.add_argument("--max-nonfinite", type=int, default=10, metavar="N",
+                   help="stop (exit 3) once more than N updates were skipped for non-finite loss/gradients "
+                        "(default 10)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. actor.lr=1e-3")
+    t.set_defaults(fn=cmd_train)
+
+    c = sub.add_parser("config", help="show the resolved config (every key)", epilog=OVERRIDES_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("action", choices=["show"])
+    c.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
+    c.add_argument("overrides", nargs="*", metavar="key=value")
+    c.set_defaults(fn=cmd_config)
+
+    pt = sub.add_parser("pretrain", help="train (or load from the cache) the tiny models' prior (METHOD.md §6)")
+    pt.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
+    pt.add_argument("overrides", nargs="*", metavar="key=value")
+    pt.set_defaults(fn=cmd_pretrain)
+
+    e = sub.add_parser("eval", help="evaluate the latest checkpoint of a run folder")
+    e.add_argument("run_dir")
+    e.set_defaults(fn=cmd_eval)
+
+    d = sub.add_parser("demo", help="the embedded default: CRL vs GRPO vs static_online over seeds, table and plot")
+    d.add_argument("--seeds", type=int, default=5)
+    d.add_argument("--methods", default="crl,grpo,static_online", help="comma-separated methods")
+    d.add_argument("--steps", type=int, default=None)
+    d.add_argument("--out", default="runs/demo")
+    d.add_argument("--config", default=None)
+    d.add_argument("overrides", nargs="*")
+    d.set_defaults(fn=cmd_demo)
+
+    pl = sub.add_parser("plot", help="learning curves of run folders as a PNG")
+    pl.add_argument("run_dirs", nargs="+")
+    pl.add_argument("--out", default=None)
+    pl.set_defaults(fn=cmd_plot)
+
+    b = sub.add_parser("bank", help="inspect the experience bank of a run")
+    b.add_argument("action", choices=["show", "export"])
+    b.add_argument("run_dir")
+    b.add_argument("--task", type=int, default=None)
+    b.add_argument("--top", type=int, default=None)
+    b.add_argument("--out", default=None)
+    b.set_defaults(fn=cmd_bank)
+    return p
+
+
+def _one_line_warnings() -> None:
+    """Warnings (e.g. a bank file's `BankFileWarning`) as one `crl-jax: warning:` line each."""
+    import warnings
+
+    warnings.formatwarning = lambda message, category, *a, **k: f"crl-jax: warning: {message}\n"
+
+
+def main(argv=None):
+    from crl_jax.infra.checkpoint import CheckpointError
+    from crl_jax.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    _one_line_warnings()
+    try:
+        args.fn(args)
+    except (ConfigError, CheckpointError, FileNotFoundError) as e:
+        print(f"crl-jax: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt as e:  # run.Interrupted carries the step and checkpoint; else before the first step
+        print(f"crl-jax: {e}" if str(e) else "crl-jax: interrupted; rerun the same command to resume",
+              file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:
+        from crl_jax.infra.run import Interrupted, NonFiniteError
+
+        if isinstance(e, Interrupted):
+            print(f"crl-jax: {e}", file=sys.stderr)
+            sys.exit(130)
+        if isinstance(e, NonFiniteError):
+            print(f"crl-jax: error: {e}", file=sys.stderr)
+            sys.exit(3)
+        raise
+
+
+if __name__ == "__main__":
+    main()

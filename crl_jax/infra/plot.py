@@ -1,0 +1,159 @@
+"""Learning curves of one or more runs as a PNG (`crl-jax plot DIR [DIR ...] --out FILE`).
+
+Runs are grouped by label (`run_label`: the explicit label in config.json, `crl-jax train --label` or a
+sweep's point; else the parent folder of a `seed<N>` folder; else the folder name): a group's curve is
+the mean over its runs, aligned by step; the band is the 95% t-interval over seeds from 3 runs on, and
+the min-max range for 2 runs (a 2-sample t-interval is 12.7 standard errors wide and says little).
+Training-success panels are smoothed by a centred moving average that is exact at the ends and skips NaN
+(`smooth_series`; the figure says so and gives the window), with the raw means drawn faintly. Success
+panels are clipped to [0, 1]. One colour per group in every panel, one legend for the figure. Panels:
+training success of guided and free rollouts, evaluation with and without experience
+(held-in and held-out), bank size, extractor reward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import defaultdict
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from crl_jax.infra.metrics import column, read_csv
+
+PANELS = (
+    ("success_guided", "train success, guided"),
+    ("success_free", "train success, free"),
+    ("eval_heldin_with_exp", "held-in eval, with experience"),
+    ("eval_heldin_without_exp", "held-in eval, without experience"),
+    ("eval_heldout_with_exp", "held-out eval, with experience"),
+    ("eval_heldout_without_exp", "held-out eval, without experience"),
+    ("bank_size", "bank size"),
+    ("extractor_reward_mean", "extractor reward"),
+)
+T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+def t_interval(x: np.ndarray) -> tuple[float, float]:
+    """Mean and 95% half-width over the first axis (nan-aware; 0 width for one value)."""
+    x = x[~np.isnan(x)]
+    if len(x) == 0:
+        return np.nan, np.nan
+    if len(x) == 1:
+        return float(x[0]), 0.0
+    t = T975.get(len(x) - 1, 1.96)
+    return float(x.mean()), float(t * x.std(ddof=1) / np.sqrt(len(x)))
+
+
+def band(vals: np.ndarray):
+    """vals [seeds, steps] -> (mean, low, high) per step: 95% t-interval from 3 seeds, min-max below."""
+    stats = np.array([t_interval(vals[:, i]) for i in range(vals.shape[1])]).reshape(-1, 2)
+    mean = stats[:, 0]
+    if vals.shape[0] >= 3:
+        return mean, mean - stats[:, 1], mean + stats[:, 1]
+    with np.errstate(all="ignore"):
+        return mean, np.nanmin(vals, axis=0), np.nanmax(vals, axis=0)
+
+
+def run_label(run_dir: str) -> str:
+    """The group a run is averaged in: the explicit label of its config.json (`crl-jax train --label`, a
+    sweep's point name), else the parent folder for a `seed<N>` folder (`OUT/<label>/seed<N>/`), else the
+    folder's own name. Never the method alone: two different crl runs are two curves."""
+    cfg = os.path.join(run_dir, "config.json")
+    if os.path.exists(cfg):
+        with open(cfg) as f:
+            label = json.load(f).get("label")
+        if label:
+            return str(label)
+    path = os.path.normpath(os.path.abspath(run_dir))
+    name = os.path.basename(path)
+    if re.fullmatch(r"seed\d+", name):
+        return os.path.basename(os.path.dirname(path))
+    return name
+
+
+def smooth_series(v: np.ndarray, window: int) -> np.ndarray:
+    """Centred moving average that skips NaN and is exact at the ends: the window at index i is
+    `min(window // 2, i, n - 1 - i)` steps on each side, so the first and last points are their own values
+    (the last one is what readers look at); all-NaN windows stay NaN."""
+    v = np.asarray(v, float)
+    n, h = len(v), max(int(window), 1) // 2
+    out = np.full(n, np.nan)
+    for i in range(n):
+        r = min(h, i, n - 1 - i)
+        w = v[i - r: i + r + 1]
+        w = w[~np.isnan(w)]
+        if len(w):
+            out[i] = w.mean()
+    return out
+
+
+def group_series(runs: list[list[dict]], col: str, smooth: int = 1):
+    """Drawn series of one group and column: (steps [S], mean, low, high, raw mean) over the union of the
+    runs' steps (a run without a step is NaN there, not cut to the shortest run); each run is smoothed with
+    `smooth_series` first when `smooth > 1`; steps where every run is NaN are dropped."""
+    steps = np.array(sorted({int(r["step"]) for rows in runs for r in rows}), dtype=float)
+    index = {int(s): i for i, s in enumerate(steps)}
+    vals = np.full((len(runs), len(steps)), np.nan)
+    for j, rows in enumerate(runs):
+        for r, x in zip(rows, column(rows, col)):
+            vals[j, index[int(r["step"])]] = x
+    keep = ~np.all(np.isnan(vals), axis=0)
+    steps, vals = steps[keep], vals[:, keep]
+    with np.errstate(all="ignore"):
+        raw = np.nanmean(vals, axis=0) if vals.size else np.array([])
+    if smooth > 1:
+        vals = np.stack([smooth_series(v, smooth) for v in vals]) if len(vals) else vals
+    mean, lo, hi = band(vals) if vals.size else (np.array([]),) * 3
+    return steps, mean, lo, hi, raw
+
+
+def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
+    """PNG of the learning curves of `run_dirs`; success panels are smoothed over `smooth` steps (said in
+    the figure), with the unsmoothed group means drawn faintly behind."""
+    groups: dict[str, list[list[dict]]] = defaultdict(list)
+    for d in run_dirs:
+        path = os.path.join(d, "metrics.csv")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no metrics.csv in run folder {d!r}")
+        groups[run_label(d)].append(read_csv(path))
+    # A bare Figure (no pyplot): drawn by the Agg canvas on save, whatever backend the process has chosen
+    fig = Figure(figsize=(18, 8))
+    axes = fig.subplots(2, 4)
+    colors = {label: f"C{i % 10}" for i, label in enumerate(sorted(groups))}
+    handles = {}
+    for ax, (col, title) in zip(axes.flat, PANELS):
+        bounded = col.startswith(("success", "eval"))
+        smoothed = smooth > 1 and col.startswith("success")
+        for label, runs in sorted(groups.items()):
+            steps, mean, lo, hi, raw = group_series(runs, col, smooth if smoothed else 1)
+            if not len(steps):
+                continue
+            if bounded:
+                lo, hi = np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
+            c = colors[label]
+            if smoothed:
+                ax.plot(steps, raw, color=c, alpha=0.3, linewidth=0.8, marker=".", markersize=3)
+            (line,) = ax.plot(steps, mean, color=c, label=f"{label} (n={len(runs)})",
+                              marker="o" if len(steps) < 12 else None)
+            ax.fill_between(steps, lo, hi, color=c, alpha=0.15)
+            handles.setdefault(label, line)
+        ax.set_title(title + (f" (smoothed, {smooth}-step window)" if smoothed else ""), fontsize=10)
+        ax.set_xlabel("step")
+        if bounded:
+            ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    sizes = {len(r) for r in groups.values()}
+    what = "95% t-interval" if min(sizes) >= 3 else ("min-max range" if max(sizes) <= 2 else
+                                                      "min-max (n=2) / 95% t-interval (n>=3)")
+    note = (f"; train-success panels: centred {smooth}-step moving average (shorter at the ends, NaN skipped), "
+            "raw means faint") if smooth > 1 else ""
+    fig.legend([handles[k] for k in sorted(handles)], [handles[k].get_label() for k in sorted(handles)],
+               loc="lower center", ncol=min(len(handles), 6) or 1, fontsize=9,
+               title=f"mean over seeds; band: {what}{note}")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=90)
+    return out

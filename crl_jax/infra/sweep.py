@@ -1,0 +1,291 @@
+"""Sweeps: a grid of seeds x hyperparameters (x methods) of the tiny loop as a few vmapped programs.
+
+A sweep file (YAML) names a base config, common overrides, a grid and seeds::
+
+    config: default.yaml          # base config (relative to the sweep file); optional
+    overrides: {steps: 40}        # dotted keys (or a list of "key=value"), applied to every run
+    seeds: 3                      # an int n (seeds 0..n-1) or a list of seeds
+    grid:                         # cartesian product of dotted keys -> grid points
+      method: [crl, grpo]
+      actor.lr: [3.0e-4, 1.0e-3]
+    points:                       # optional named variants, each crossed with the grid
+      no_split: {loss.group_split: false}
+    per_point: false              # true: one program per grid point, its seeds vmapped (flags unbatched,
+    #                               conds stay branches; less memory than one program for all points)
+    vmap_seeds: true              # false: every run alone with the single-run program (faster on CPU)
+
+Grid points whose configs build the same `Runtime` (they differ only in seed, method or the traced
+ablations `loss.group_split`, `loss.advantage`, `extraction.merge`) form one *program*: their initial
+states are stacked and every (point, seed) member runs in one `jax.jit(jax.vmap(run_steps))`. Points
+that change the Runtime (learning rates, widths, groups, env ...) form separate programs, run one after
+another. Each member writes an ordinary run folder `OUT/<point>/seed<s>/` (config.json with the point
+name as label, metrics.csv, summary.json, Orbax checkpoints) in the format of `crl_jax.infra.run.run`, so
+`crl-jax plot` and `crl-jax eval` read it; the sweep folder gets `summary.md`, `summary.csv` (one row
+per point: mean ± 95% t-interval over seeds) and `curves.png`.
+
+The spec and its expansion into members: `crl_jax.infra.sweep_spec`.
+
+Resume: a member whose folder has a summary.json for the requested number of steps is done; a program
+whose members are all done is skipped (never compiled). Otherwise the program restarts from the latest
+checkpoint step every unfinished member has (chunks of `chunk` steps between checkpoints).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from crl_jax import loop
+from crl_jax.infra.checkpoint import Checkpointer
+from crl_jax.config import ConfigError, drop_removed_keys, to_dict
+from crl_jax.infra.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
+from crl_jax.infra.plot import plot_runs, t_interval
+from crl_jax.infra.run import _prior_id
+from crl_jax.infra.sweep_spec import Member, SweepSpec, expand
+from crl_jax.loop.runtime import Runtime, build
+
+
+@dataclass
+class Program:
+    rt: Runtime
+    steps: int
+    members: list = field(default_factory=list)
+    vmapped: bool = True  # False: a single member run with the single-run program
+
+
+def plan(members: list[Member], per_point: bool = False, vmap_seeds: bool = True) -> list[Program]:
+    """Group members by compiled program: same Runtime (`build` is cached by every program-shaping
+    field) and same run length (and, with `per_point`, same grid point); programs in first-appearance
+    order. Programs of one Runtime, length and member count share one compilation. Without `vmap_seeds`
+    every member is a program of its own, run with the single-run program."""
+    programs: dict = {}
+    for i, m in enumerate(members):
+        rt = build(m.cfg)
+        k = (id(rt), m.cfg.steps, m.point if per_point else None, None if vmap_seeds else i)
+        programs.setdefault(k, Program(rt, m.cfg.steps, vmapped=vmap_seeds)).members.append(m)
+    return list(programs.values())
+
+
+TRACES: dict = {}  # (id(rt), chunk, flags batched) -> times the vmapped chunk was traced (retrace guard)
+
+
+def state_axes(template, flags_batched: bool):
+    """vmap axes of a stacked LoopState: every leaf along axis 0, except the step counter (members run in
+    lockstep, and an unbatched step keeps the evaluation `lax.cond` a real branch instead of a select
+    that evaluates every step) and, when every member runs the same method, the method flags."""
+    axes = jax.tree.map(lambda _: 0, template)
+    return axes.replace(step=None, flags=axes.flags if flags_batched else None)
+
+
+@lru_cache(maxsize=16)
+def vmapped_chunk(rt: Runtime, num_steps: int, flags_batched: bool = True):
+    """Jitted `(stacked states, last_step) -> (states, metrics {name: [M, num_steps]})`: `run_steps` vmapped
+    over the M members of a state stacked by `stack_states`."""
+
+    def f(states, last):
+        key = (id(rt), num_steps, flags_batched)
+        TRACES[key] = TRACES.get(key, 0) + 1
+        axes = state_axes(states, flags_batched)
+        return jax.vmap(lambda s: loop.run_steps(rt, s, num_steps, last), in_axes=(axes,), out_axes=(axes, 0))(states)
+
+    return jax.jit(f)
+
+
+def _same(trees) -> bool:
+    leaves = [jax.tree.leaves(t) for t in trees]
+    return all(all(bool(jnp.array_equal(a, b)) for a, b in zip(leaves[0], other)) for other in leaves[1:])
+
+
+def stack_states(states: list) -> tuple:
+    """Member states -> (stacked state, flags_batched): leaves stacked on a new axis 0, except the shared step
+    and (when all members run one method) the shared flags."""
+    steps = {int(s.step) for s in states}
+    if len(steps) != 1:
+        raise ValueError(f"sweep members must be at the same step to run together, got {sorted(steps)}")
+    flags_batched = not _same([s.flags for s in states])
+    st = jax.tree.map(lambda *x: jnp.stack(x), *states)
+    return st.replace(step=states[0].step, flags=st.flags if flags_batched else states[0].flags), flags_batched
+
+
+def member_state(stacked, flags_batched: bool, i: int):
+    """Member i's LoopState out of a stacked one (for its checkpoint)."""
+    axes = state_axes(stacked, flags_batched)
+    return jax.tree.map(lambda a, x: x if a is None else x[i], axes, stacked, is_leaf=lambda a: a is None)
+
+
+def is_complete(run_dir: str, steps: int) -> bool:
+    p = os.path.join(run_dir, "summary.json")
+    if not (os.path.exists(p) and os.path.exists(os.path.join(run_dir, "metrics.csv"))):
+        return False
+    with open(p) as f:
+        return json.load(f).get("steps") == steps
+
+
+def _comparable(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k not in ("steps", "label")}
+
+
+def _write_config(m: Member) -> None:
+    os.makedirs(m.run_dir, exist_ok=True)
+    path = os.path.join(m.run_dir, "config.json")
+    now = {**to_dict(m.cfg), "label": m.point}
+    if os.path.exists(path):
+        with open(path) as f:
+            if _comparable(drop_removed_keys(json.load(f), path)) != _comparable(now):
+                raise ConfigError(f"run folder {m.run_dir} holds a run with a different config; use another --out")
+    with open(path, "w") as f:
+        json.dump(now, f, indent=2)
+
+
+def _finish(m: Member, steps: int, wall: float) -> dict:
+    rows = read_csv(os.path.join(m.run_dir, "metrics.csv"))
+    s = summary_from_rows(rows)
+
+    s.update(method=m.cfg.method, seed=m.seed, steps=steps, wall_seconds=round(wall, 2), point=m.point,
+             prior=_prior_id(m.cfg))
+    write_summary(m.run_dir, s)
+    return s
+
+
+def run_program(prog: Program, *, chunk: int, bar=None, log=print) -> None:
+    """Train every unfinished member of one program to `prog.steps`: as one vmapped program, or (a
+    program of `vmapped=False`) its one member with the single-run program `loop.compiled_chunk`."""
+    todo = [m for m in prog.members if not is_complete(m.run_dir, prog.steps)]
+    if not todo:
+        return
+    for m in todo:
+        _write_config(m)
+    templates = [loop.init_state(prog.rt, jax.random.key(m.cfg.seed), m.cfg) for m in todo]
+    cks = [Checkpointer(m.run_dir, keep=m.cfg.keep_checkpoints) for m in todo]
+    # Resume from the latest step every member has a checkpoint of (members advance in lockstep).
+    common = set.intersection(*(set(c.steps()) for c in cks))
+    done = max((s for s in common if s <= prog.steps), default=0)
+    states = [c.restore(t, done)[0] for c, t in zip(cks, templates)] if done else templates
+    if done:
+        log(f"resumed {len(todo)} runs from step {done}")
+    writers = [MetricsWriter(m.run_dir) for m in todo]
+    for w in writers:
+        w.truncate_after(done)
+        if done == 0 and os.path.exists(w.path):
+            os.remove(w.path)
+    stacked, fb = stack_states(states) if prog.vmapped else (states[0], False)
+    t0 = time.time()
+    while done < prog.steps:
+        n = min(chunk - done % chunk, prog.steps - done)
+        if prog.vmapped:
+            stacked, metrics = vmapped_chunk(prog.rt, n, fb)(stacked, jnp.int32(prog.steps))
+        else:
+            stacked, metrics = loop.compiled_chunk(prog.rt, n)(stacked, jnp.int32(prog.steps))
+            metrics = {k: v[None] for k, v in metrics.items()}  # the one member's rows, as [1, n]
+        metrics = jax.device_get(metrics)
+        for i, (m, w, c) in enumerate(zip(todo, writers, cks)):
+            w.write(rows_from_chunk({k: v[i] for k, v in metrics.items()}, done))
+            c.save(done + n, member_state(stacked, fb, i) if prog.vmapped else stacked)
+        done += n
+        if bar is not None:
+            bar.update(1)
+    for w, c in zip(writers, cks):
+        w.close()
+        c.close()
+    for m in todo:
+        _finish(m, prog.steps, time.time() - t0)
+
+
+SUMMARY_COLUMNS = (("eval_heldin_with_exp", "held-in, with exp"), ("eval_heldin_without_exp", "held-in, without exp"),
+                   ("eval_heldout_with_exp", "held-out, with exp"),
+                   ("eval_heldout_without_exp", "held-out, without exp"),
+                   ("success_all_last10", "train success (last 10)"))
+
+
+def summarize(members: list[Member]) -> list[dict]:
+    """One row per grid point (first-appearance order): {"point", "seeds", KEY: mean, KEY + "_ci95": half-width}
+    over the seeds' summary.json (final evaluation, last-10-step training success)."""
+
+    by_point: dict[str, list[dict]] = {}
+    for m in members:
+        p = os.path.join(m.run_dir, "summary.json")
+        if os.path.exists(p):
+            with open(p) as f:
+                by_point.setdefault(m.point, []).append(json.load(f))
+    rows = []
+    for point, sums in by_point.items():
+        row = {"point": point, "seeds": len(sums)}
+        for key, _ in SUMMARY_COLUMNS:
+            v = np.array([s[key] if s.get(key) is not None else np.nan for s in sums], float)
+            row[key], row[key + "_ci95"] = t_interval(v)
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """Markdown table, cells "mean ± 95% half-width" ("n/a" where no seed has the value, e.g. GRPO with exp)."""
+    head = ["point", "seeds"] + [name for _, name in SUMMARY_COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["point"], str(r["seeds"])]
+        for key, _ in SUMMARY_COLUMNS:
+            cells.append("n/a" if np.isnan(r[key]) else f"{r[key]:.3f} ± {r[key + '_ci95']:.3f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_tables(out: str, rows: list[dict]) -> str:
+    """Write out/summary.md and out/summary.csv; returns the markdown table."""
+    table = format_table(rows)
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(table + "\n")
+    cols = ["point", "seeds"] + [c for key, _ in SUMMARY_COLUMNS for c in (key, key + "_ci95")]
+    with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r in rows:
+            w.writerow([r[c] if c in ("point", "seeds") else ("" if np.isnan(r[c]) else f"{r[c]:.6g}") for c in cols])
+    return table
+
+
+def _chunks(prog: Program, chunk: int) -> int:
+    return -(-prog.steps // chunk) if any(not is_complete(m.run_dir, prog.steps) for m in prog.members) else 0
+
+
+def run_sweep(spec: SweepSpec, out: str, *, chunk: int | None = None, progress: bool = True, plot: bool = True,
+              log=print) -> list[dict]:
+    """Run (or resume) a sweep into `out`; returns the per-point summary rows (also written to
+    `out/summary.md` and `out/summary.csv`)."""
+    members = expand(spec, out)
+    programs = plan(members, spec.per_point, spec.vmap_seeds)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "sweep.json"), "w") as f:
+        json.dump({"config": spec.config, "overrides": spec.overrides, "grid": spec.grid, "seeds": list(spec.seeds),
+                   "programs": [[f"{m.point}/seed{m.seed}" for m in p.members] for p in programs]}, f, indent=2)
+    log(f"sweep: {len(members)} runs in {len(programs)} program(s) -> {out}")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(_chunks(p, chunk or p.steps or 1) for p in programs), desc="sweep", unit="chunk",
+                   file=sys.stderr, dynamic_ncols=True)
+    for i, p in enumerate(programs):
+        if bar is not None:
+            bar.set_description(f"program {i + 1}/{len(programs)} ({len(p.members)} runs)")
+        run_program(p, chunk=max(1, chunk or p.steps or 1), bar=bar, log=log)
+    if bar is not None:
+        bar.close()
+    rows = summarize(members)
+    table = write_tables(out, rows)
+    log("\n" + table)
+    if plot:
+
+        # smoothing window no longer than the run (plot_runs' 'same' convolution would outgrow the steps)
+        png = plot_runs([m.run_dir for m in members], os.path.join(out, "curves.png"),
+                        smooth=max(1, min(3, min(p.steps for p in programs))))
+        log(f"plot: {png}")
+    return rows

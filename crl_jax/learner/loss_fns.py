@@ -1,0 +1,238 @@
+"""The loss callbacks of both training paths: `fn(graphdef, params, batch) -> (num, (den, metrics))`.
+
+Each factory below returns the callback `train_state.apply_update` / `make_co_update` differentiate,
+with loss = num / den and a denominator that does not depend on params (exact micro-batch accumulation).
+They compute the policy's log-probs of the trained tokens and hand them to the pure losses of
+`crl_jax.losses` (`ppo_clip_loss_parts`, `cispo_loss_parts`). Two families, one per batch format:
+
+Full-sequence (the LLM path; `ActorBatch` / `ExtractorBatch` of `train_state`): `actor_ppo_loss(cfg)`,
+`extractor_cispo_loss(cfg)` score every response token under the model's full-vocabulary distribution
+(`train_state.token_logprobs`).
+
+Constrained-vocabulary (the tiny path; `TurnBatch`, and `ExtractorBatch`): `actor_turn_loss`,
+`extractor_constrained_loss`. There the actor samples its action from the softmax over the action
+tokens only, and the extractor samples its first response token from the operation tokens and the rest
+from actions, operations and EOS. The behaviour log-probs stored at sampling time are those of these
+masked distributions at the sampling temperature, so the training log-probs are computed under the same
+masks and the same temperature (a full-vocabulary log-softmax would make every ratio tiny; another
+temperature every ratio != 1). The actor batch has one row per played turn and one trained token per
+row, so the actor loss runs the transformer over the prompt and unembeds only the last prompt position
+(`rollout.last_logits`, the very function the rollout sampled from: at the first update the ratio is
+exactly 1). `ratio="sequence"` shares one ratio per episode (exp of the mean log-ratio over the
+episode's rows in the batch).
+
+Prior-preserving auxiliary loss (METHOD.md §6, PPO-ptx style; constrained family): a batch may carry
+`PriorRows`, synthetic rows of the prior's supervised task; the objective becomes
+loss_RL + aux_coef * CE(prior rows). In the num / den contract that is num + aux_coef * CE * den (den
+does not depend on params). `actor_prior_loss` / `extractor_prior_loss` are also the prior's own
+pre-training losses (`pretrain`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from crl_jax import losses
+from crl_jax.models import transformer as tr
+from crl_jax.actor.rollout import last_logits
+from crl_jax.learner.train_state import ActorBatch, ExtractorBatch, LossFn, token_logprobs
+
+# ----------------------------------------------------------------------------------------------
+# Full-sequence family (LLM path)
+
+
+@dataclass(frozen=True)
+class PPOLossConfig:
+    clip_eps: float = 0.2
+    ratio: str = "token"  # "token" | "sequence"
+    aggregation: str = "seq_mean_token_mean"  # | "token_mean"
+    kl_coef: float = 0.0  # k3 KL to ActorBatch.ref_logp; off, as in the paper
+    entropy_metric: bool = True
+
+
+@dataclass(frozen=True)
+class CISPOLossConfig:
+    eps_low: float = 0.1
+    eps_high: float = 0.1
+    entropy_metric: bool = True
+
+
+def _trained_mask(batch):
+    """The batch's loss mask without column 0 (no prediction produces the first token)."""
+    return batch.loss_mask.astype(bool) & (jnp.arange(batch.tokens.shape[1]) >= 1)[None, :]
+
+
+def actor_ppo_loss(cfg: PPOLossConfig = PPOLossConfig()) -> LossFn:
+    """fn(graphdef, params, ActorBatch) -> (num, (den, metrics)) of `losses.ppo_clip_loss`."""
+
+    def fn(graphdef, params, batch: ActorBatch):
+        mask = _trained_mask(batch)
+        logp, ent = token_logprobs(graphdef, params, batch.tokens, mask, with_entropy=cfg.entropy_metric)
+        num, den, metrics = losses.ppo_clip_loss_parts(
+            logp, batch.behavior_logp, batch.advantages, mask, clip_eps=cfg.clip_eps, ratio=cfg.ratio,
+            aggregation=cfg.aggregation, sample_weight=batch.weight, entropy_t=ent,
+            ref_logp=batch.ref_logp, kl_coef=cfg.kl_coef)
+        return num, (den, metrics)
+
+    return fn
+
+
+def extractor_cispo_loss(cfg: CISPOLossConfig = CISPOLossConfig()) -> LossFn:
+    """fn(graphdef, params, ExtractorBatch) -> (num, (den, metrics)) of `losses.cispo_loss`."""
+
+    def fn(graphdef, params, batch: ExtractorBatch):
+        mask = _trained_mask(batch)
+        logp, ent = token_logprobs(graphdef, params, batch.tokens, mask, with_entropy=cfg.entropy_metric)
+        num, den, metrics = losses.cispo_loss_parts(
+            logp, batch.behavior_logp, batch.advantages, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+            entropy_t=ent)
+        return num, (den, metrics)
+
+    return fn
+
+
+# ----------------------------------------------------------------------------------------------
+# Constrained-vocabulary family (tiny path)
+
+
+@struct.dataclass
+class PriorRows:
+    """Synthetic supervised rows. Actor: prompts [A, P], one target distribution over the vocabulary per
+    row at the next position. Extractor: teacher-forced sequences [A, S]; `target` [A, V] is the soft
+    target of the first response token (the operation), `hard` [A, S] marks later positions whose target
+    is the token itself."""
+
+    tokens: jax.Array  # [A, S] int32
+    lengths: jax.Array  # [A] int32 prompt length (actor) / response start (extractor)
+    target: jax.Array  # [A, V] float32 target distribution (rows summing to 0 are unused)
+    hard: jax.Array = None  # [A, S] bool (extractor only)
+
+
+@struct.dataclass
+class TurnBatch:
+    prompts: jax.Array  # [B, P] int32 per-turn prompt (right-padded)
+    prompt_len: jax.Array  # [B] int32
+    action_token: jax.Array  # [B] int32 token chosen at that turn
+    behavior_logp: jax.Array  # [B] float32 log-prob under the constrained sampling distribution
+    advantages: jax.Array  # [B] float32 episode advantage
+    weight: jax.Array  # [B] float32 row weight (0: turn not played, or actor frozen)
+    episode: jax.Array = None  # [B] int32 episode of the row (ratio="sequence")
+    prior: PriorRows | None = None  # auxiliary-loss rows
+
+
+def masked_log_softmax(logits, allowed, temperature: float = 1.0):
+    """log-softmax of logits / temperature over the allowed tokens (temperature 0 = greedy: scale 1)."""
+    x = logits.astype(jnp.float32)
+    if temperature not in (0.0, 1.0):
+        x = x / temperature
+    x = jnp.where(allowed, x, -1e30)  # finite: no 0 * inf in entropies/grads
+    return jax.nn.log_softmax(x, axis=-1)
+
+
+def soft_cross_entropy(logp_all, target, allowed):
+    """Mean over rows with any target mass of -sum_v target_v log p_v -> [] (a target of total mass w
+    weighs its row's cross-entropy by w)."""
+    has = target.sum(-1) > 0
+    ce = -jnp.sum(jnp.where(allowed, target * logp_all, 0.0), -1)
+    return jnp.sum(jnp.where(has, ce, 0.0)) / jnp.maximum(has.sum(), 1)
+
+
+def actor_prior_loss(graphdef, params, rows: PriorRows, allowed, temperature: float = 1.0):
+    """Cross-entropy of the actor's constrained next-action distribution against the rows' targets."""
+    lp = masked_log_softmax(last_logits(graphdef, params, rows.tokens, rows.lengths), allowed, temperature)
+    return soft_cross_entropy(lp, rows.target, allowed)
+
+
+def episode_mean(x, episode, weight):
+    """Per-row mean of x over the rows of the same episode that have weight > 0 -> [B]."""
+    use = weight > 0
+    n = x.shape[0]
+    tot = jax.ops.segment_sum(jnp.where(use, x, 0.0), episode, num_segments=n)
+    cnt = jax.ops.segment_sum(use.astype(jnp.float32), episode, num_segments=n)
+    return (tot / jnp.maximum(cnt, 1.0))[episode]
+
+
+def actor_turn_loss(allowed, *, clip_eps=0.2, temperature=1.0, ratio="token", aux_coef=0.0,
+                    entropy_metric=True):
+    """PPO-clip on single-token turns; `allowed` [V] bool: the action tokens."""
+    if ratio not in ("token", "sequence"):
+        raise ValueError(f"ratio must be 'token' or 'sequence', got {ratio!r}")
+
+    def fn(graphdef, params, b: TurnBatch):
+        lp_all = masked_log_softmax(last_logits(graphdef, params, b.prompts, b.prompt_len), allowed, temperature)
+        logp = jnp.take_along_axis(lp_all, b.action_token[:, None], axis=1)  # [B, 1]
+        if ratio == "sequence":  # one ratio per episode, gradients through all of its rows
+            log_r = logp[:, 0] - b.behavior_logp
+            logp = (b.behavior_logp + episode_mean(log_r, b.episode, b.weight))[:, None]
+        mask = (b.weight > 0)[:, None]
+        ent = None
+        if entropy_metric:
+            p = jnp.exp(lp_all)
+            ent = jax.lax.stop_gradient(-jnp.sum(jnp.where(allowed, p * lp_all, 0.0), -1))[:, None]
+        num, den, metrics = losses.ppo_clip_loss_parts(
+            logp, b.behavior_logp[:, None], b.advantages, mask, clip_eps=clip_eps, ratio="token",
+            aggregation="seq_mean_token_mean", sample_weight=b.weight, entropy_t=ent)
+        if b.prior is not None and aux_coef:
+            aux = actor_prior_loss(graphdef, params, b.prior, allowed, temperature)
+            num = num + aux_coef * aux * jax.lax.stop_gradient(den)
+            metrics = dict(metrics, prior_loss=jax.lax.stop_gradient(aux))
+        return num, (den, metrics)
+
+    return fn
+
+
+def response_allowed_at(first_allowed, early_allowed, rest_allowed, offset, min_entry: int):
+    """[..., V] mask of response position `offset` (0 = the op token): ops first, then `min_entry`
+    positions of entry tokens only (no EOS, no op: an entry an actor can use), then `rest_allowed`."""
+    o = offset[..., None]
+    return jnp.where(o == 0, first_allowed, jnp.where(o <= min_entry, early_allowed, rest_allowed))
+
+
+def extractor_prior_loss(graphdef, params, rows: PriorRows, masks, min_entry: int, temperature: float = 1.0):
+    """Teacher-forced cross-entropy of the extractor's constrained responses: the soft op target at the
+    first response position, the row's own tokens at the `hard` positions."""
+    first, early, rest = masks
+    logits = tr.merge(graphdef, params)(rows.tokens)[:, :-1]  # predicts positions 1..S-1
+    t = jnp.arange(1, rows.tokens.shape[1])[None, :]
+    off = t - rows.lengths[:, None]
+    allowed = response_allowed_at(first, early, rest, jnp.maximum(off, 0), min_entry)
+    lp = masked_log_softmax(logits, allowed, temperature)
+    op_lp = jnp.take_along_axis(lp, jnp.maximum(rows.lengths - 1, 0)[:, None, None], axis=1)[:, 0]
+    op_ce = soft_cross_entropy(op_lp, rows.target, first)  # 0 when no row has an op target
+    hard = rows.hard[:, 1:] & (off > 0)
+    picked = jnp.take_along_axis(lp, rows.tokens[:, 1:, None], axis=-1)[..., 0]
+    tok_ce = -jnp.sum(jnp.where(hard, picked, 0.0)) / jnp.maximum(hard.sum(), 1)
+    return op_ce + tok_ce
+
+
+def extractor_constrained_loss(first_allowed, rest_allowed, *, early_allowed=None, min_entry: int = 0,
+                               eps_low=0.1, eps_high=0.1, temperature=1.0, aux_coef=0.0):
+    """CISPO on responses whose first token is drawn from `first_allowed` [V], the next `min_entry` from
+    `early_allowed` [V] and later ones from `rest_allowed` [V] (the sampler's masks)."""
+    early_allowed = rest_allowed if early_allowed is None else early_allowed
+    masks = (first_allowed, early_allowed, rest_allowed)
+
+    def fn(graphdef, params, b: ExtractorBatch):
+        mask = _trained_mask(b)
+        logits = tr.merge(graphdef, params)(b.tokens)[:, :-1]  # predicts positions 1..T-1
+        start = jnp.argmax(mask, axis=1)  # first response position of each row
+        t = jnp.arange(1, b.tokens.shape[1])[None, :]
+        allowed = response_allowed_at(first_allowed, early_allowed, rest_allowed,
+                                      jnp.maximum(t - start[:, None], 0), min_entry)
+        lp_all = masked_log_softmax(logits, allowed, temperature)
+        picked = jnp.take_along_axis(lp_all, b.tokens[:, 1:, None], axis=-1)[..., 0]
+        logp = jnp.concatenate([jnp.zeros((b.tokens.shape[0], 1)), picked], axis=1)
+        logp = jnp.where(mask, logp, 0.0)
+        num, den, metrics = losses.cispo_loss_parts(logp, b.behavior_logp, b.advantages, mask, eps_low=eps_low,
+                                                    eps_high=eps_high)
+        if b.prior is not None and aux_coef:
+            aux = extractor_prior_loss(graphdef, params, b.prior, masks, min_entry, temperature)
+            num = num + aux_coef * aux * jax.lax.stop_gradient(den)
+            metrics = dict(metrics, prior_loss=jax.lax.stop_gradient(aux))
+        return num, (den, metrics)
+
+    return fn

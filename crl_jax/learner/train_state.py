@@ -1,0 +1,272 @@
+"""Train states for the actor and the extractor, and the single jit-compiled co-update (DESIGN.md §2).
+
+`TrainState` is a pure pytree: the NNX graph definition and the optax transformation are static
+(aux data), params / optimizer state / counters are leaves, so states jit, shard and checkpoint as
+values. `make_co_update(...)` returns ONE compiled program that computes both models' losses,
+gradients and AdamW steps:
+
+- the extractor half runs under `lax.cond(extractor_batch.ready, ...)`, so a not-ready buffer costs no
+  forward/backward and leaves the extractor state bit-identical, with no recompilation;
+- a non-finite loss or gradient keeps that model's params and optimizer state, does not advance its
+  `step`, and adds 1 to its `nonfinite_count`; a batch with no valid token is skipped likewise
+  (without counting);
+- `microbatches=M` splits the batch rows into M chunks and accumulates gradients under `lax.scan`.
+  Loss callbacks return (numerator, (denominator, metrics)) with loss = numerator / denominator and a
+  denominator that does not depend on params, so accumulation is exact: sum the numerators' gradients
+  and divide by the summed denominators. Metrics are averaged over micro-batches.
+
+The loss callbacks (`LossFn`: `fn(graphdef, params, batch) -> (num, (den, metrics))`) of both training
+paths are built by the factories of `crl_jax.learner.loss_fns`; a loop with its own batch format passes its own.
+
+Split GRPO: set `ActorBatch.weight = losses.split_group_weights(guided).reshape(-1)` (1 / (number of
+non-empty subgroups x subgroup size)) and the actor loss is the mean over groups of the mean of the
+guided and free subgroups' losses (paper Eq. 5, weight 1/2 each); with equal-size subgroups this equals
+weight = 1 everywhere. Padding rows get weight 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from crl_jax import losses
+from crl_jax.models.logprobs import chunked_logprobs
+
+_F32 = jnp.float32
+
+
+@struct.dataclass
+class TrainState:
+    graphdef: Any = struct.field(pytree_node=False)  # nnx.GraphDef of the model
+    tx: optax.GradientTransformation = struct.field(pytree_node=False)
+    params: Any = None  # nnx.State of nnx.Param
+    opt_state: Any = None
+    step: jax.Array = None  # int32 scalar: number of applied updates
+    nonfinite_count: jax.Array = None  # int32 scalar: updates skipped for a non-finite loss/grad
+
+
+def make_optimizer(lr: float = 1e-6, weight_decay: float = 0.0, grad_clip: float | None = 1.0,
+                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
+    """Global-norm gradient clipping (skipped when grad_clip is None or <= 0), then AdamW, constant LR."""
+    adamw = optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    if grad_clip is None or grad_clip <= 0:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(grad_clip), adamw)
+
+
+def create_train_state(model: nnx.Module, tx: optax.GradientTransformation) -> TrainState:
+    """Split an NNX model (all of its state must be nnx.Param) and initialise the optimizer state."""
+    graphdef, params = nnx.split(model, nnx.Param)
+    return TrainState(graphdef=graphdef, tx=tx, params=params, opt_state=tx.init(params),
+                      step=jnp.zeros((), jnp.int32), nonfinite_count=jnp.zeros((), jnp.int32))
+
+
+# The loss-callback contract: fn(graphdef, params, batch) -> (num, (den, metrics)), loss = num / den with
+# den independent of params. The callbacks of both training paths are in `crl_jax.learner.loss_fns`.
+LossFn = Callable[[Any, Any, Any], tuple]
+
+
+# ----------------------------------------------------------------------------------------------
+# Batches and log-probs
+
+
+@struct.dataclass
+class ActorBatch:
+    tokens: jax.Array  # [B, T] int32, prompt + response, right-padded
+    loss_mask: jax.Array  # [B, T] bool, True on trained (response) tokens; column 0 is ignored
+    behavior_logp: jax.Array  # [B, T] float32 log-prob of each token under the sampling policy
+    advantages: jax.Array  # [B] float32
+    weight: jax.Array  # [B] float32 sample weight (split_group_weights; 0 for padding rows)
+    ref_logp: jax.Array | None = None  # [B, T] reference-policy log-probs (only for kl_coef > 0)
+
+
+@struct.dataclass
+class ExtractorBatch:
+    tokens: jax.Array  # [N, T] int32, extractor prompt + generation, right-padded
+    loss_mask: jax.Array  # [N, T] bool, True on generated tokens
+    behavior_logp: jax.Array  # [N, T] float32, stored at generation time
+    advantages: jax.Array  # [N] float32, already multiplied by the repeat weights
+    ready: jax.Array  # bool scalar: buffer full, take the extractor step
+    prior: Any = None  # optional synthetic rows of a prior-preserving auxiliary loss (tiny path)
+
+
+def response_mask(prompt_len: jax.Array, length: jax.Array, seq_len: int) -> jax.Array:
+    """[B, T] bool: prompt_len[b] <= t < length[b] (single-turn prompt/response layout)."""
+    t = jnp.arange(seq_len)[None, :]
+    return (t >= prompt_len[:, None]) & (t < length[:, None])
+
+
+def token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, *, with_entropy: bool = False):
+    """Per-token log-probs from one full forward pass of the model.
+
+    logp[b, t] = log_softmax(logits[b, t - 1])[tokens[b, t]] where mask[b, t] and t >= 1, else 0;
+    entropy[b, t] (if asked; no gradient) is the entropy of that same distribution.
+    tokens, mask [B, T] -> logp [B, T] float32, entropy [B, T] float32 or None.
+
+    A model with `unembed_matrix` (the transformer) is scored from its final hidden states with
+    `chunked_logprobs`: no [B, T, V] float32 logits in the forward or the backward pass (issue #16).
+    """
+    chex.assert_rank([tokens, mask], 2)
+    chex.assert_equal_shape([tokens, mask])
+    model = nnx.merge(graphdef, params)
+    tgt = tokens[:, 1:].astype(jnp.int32)
+    if hasattr(model, "unembed_matrix"):
+        h = model(tokens, return_hidden=True)[:, :-1]  # [B, T-1, H] predicts t = 1..T-1
+        lp, ent = chunked_logprobs(h, model.unembed_matrix(), tgt, with_entropy=with_entropy)
+    else:  # any other module returning logits
+        logits = model(tokens)[:, :-1].astype(_F32)
+        lp = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, axis=-1)
+        ent = jax.lax.stop_gradient(losses.token_entropy(logits)) if with_entropy else None
+    pad = jnp.zeros((tokens.shape[0], 1), _F32)
+    valid = mask.astype(bool) & (jnp.arange(tokens.shape[1]) >= 1)[None, :]
+    logp = jnp.where(valid, jnp.concatenate([pad, lp], axis=1), 0.0)
+    entropy = None
+    if with_entropy:
+        entropy = jnp.where(valid, jnp.concatenate([pad, ent], axis=1), 0.0)
+    return logp, entropy
+
+
+# ----------------------------------------------------------------------------------------------
+# Updates
+
+
+def _split_microbatches(batch, m: int):
+    """Leaves with a leading batch axis [B, ...] -> [m, B/m, ...]; scalars are repeated m times."""
+
+    def split(x):
+        x = jnp.asarray(x)
+        if x.ndim == 0:
+            return jnp.broadcast_to(x, (m,))
+        if x.shape[0] % m:
+            raise ValueError(f"batch size {x.shape[0]} is not divisible by microbatches={m}")
+        return x.reshape(m, x.shape[0] // m, *x.shape[1:])
+
+    return jax.tree_util.tree_map(split, batch)
+
+
+def _grads(state: TrainState, batch, loss_fn: LossFn, microbatches: int):
+    """(num, den, summed float32 grads of num, metrics) over the whole batch."""
+    vg = jax.value_and_grad(lambda p, b: loss_fn(state.graphdef, p, b), has_aux=True)
+    if microbatches == 1:
+        (num, (den, metrics)), g = vg(state.params, batch)
+        return num, den, jax.tree_util.tree_map(lambda x: x.astype(_F32), g), metrics
+
+    def body(carry, mb):
+        gsum, nsum, dsum = carry
+        (num, (den, met)), g = vg(state.params, mb)
+        gsum = jax.tree_util.tree_map(lambda a, b: a + b.astype(_F32), gsum, g)
+        return (gsum, nsum + num, dsum + den), met
+
+    zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, _F32), state.params)
+    init = (zeros, jnp.zeros((), _F32), jnp.zeros((), _F32))
+    (g, num, den), mets = jax.lax.scan(body, init, _split_microbatches(batch, microbatches))
+    return num, den, g, jax.tree_util.tree_map(lambda x: x.mean(0), mets)
+
+
+def _global_norm(tree) -> jax.Array:
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(_F32))) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def apply_update(state: TrainState, batch, loss_fn: LossFn, microbatches: int = 1):
+    """One guarded optimizer step of one model -> (new state, metrics). Pure; call under jit."""
+    num, den, gsum, metrics = _grads(state, batch, loss_fn, microbatches)
+    has_data = den > 0
+    safe_den = jnp.where(has_data, den, 1.0)
+    loss = num / safe_den
+    grads = jax.tree_util.tree_map(lambda g, p: (g / safe_den).astype(p.dtype), gsum, state.params)
+    finite = jnp.isfinite(loss) & jnp.all(
+        jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]))
+    do = finite & has_data
+    updates, new_opt = state.tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+
+    def pick(new, old):
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(do, a, b), new, old)
+
+    new_state = state.replace(
+        params=pick(new_params, state.params), opt_state=pick(new_opt, state.opt_state),
+        step=state.step + do.astype(jnp.int32),
+        nonfinite_count=state.nonfinite_count + (~finite).astype(jnp.int32))
+    metrics = dict(metrics, loss=jnp.where(has_data, loss, 0.0), grad_norm=_global_norm(grads),
+                   updated=do.astype(_F32), nonfinite=(~finite).astype(_F32), denominator=den)
+    return new_state, metrics
+
+
+def apply_updates(state: TrainState, batches, loss_fn: LossFn, microbatches: int = 1, steps: int = 1,
+                  target_kl: float = 0.0):
+    """`steps` optimizer steps in order (`lax.scan`), step i on `batches[i]` (a leading [steps] axis on
+    every leaf; steps=1: one step on an unstacked batch) -> (new state, metrics averaged over the steps).
+
+    PPO epochs x minibatches: the caller stacks the shuffled minibatches of every epoch; every step sees
+    the same behaviour log-probs, so from the second step on the importance ratio is real and the clip acts.
+
+    `target_kl` > 0 (early stopping, as Stable-Baselines3's PPO): the loss's `approx_kl` of step i is
+    measured at the parameters before step i; from the first step whose value exceeds `target_kl` on, the
+    steps are skipped (state unchanged). The metric `steps_taken` counts the steps that were applied.
+    """
+    if steps == 1:
+        return apply_update(state, batches, loss_fn, microbatches)
+    if target_kl <= 0.0:
+        state, mets = jax.lax.scan(lambda st, b: apply_update(st, b, loss_fn, microbatches), state, batches)
+        return state, jax.tree_util.tree_map(lambda x: x.mean(0), mets)
+
+    def step(carry, b):
+        st, stopped = carry
+        new, m = apply_update(st, b, loss_fn, microbatches)
+        go = ~stopped & (m["approx_kl"] <= target_kl)
+        st = jax.tree_util.tree_map(lambda a, o: jnp.where(go, a, o), new, st)
+        return (st, ~go), dict(m, taken=go.astype(_F32))
+
+    (state, _), mets = jax.lax.scan(step, (state, jnp.asarray(False)), batches)
+    taken = mets.pop("taken")
+    return state, dict(jax.tree_util.tree_map(lambda x: x.mean(0), mets), steps_taken=taken.sum())
+
+
+def _prefix(tag: str, metrics: dict) -> dict:
+    return {f"{tag}/{k}": v for k, v in metrics.items()}
+
+
+def make_co_update(actor_loss_fn: LossFn, extractor_loss_fn: LossFn, *,
+                   microbatches: int = 1, extractor_microbatches: int | None = None,
+                   actor_steps: int = 1, extractor_steps: int = 1, actor_target_kl: float = 0.0, donate: bool = True,
+                   max_traces: int | None = None, compiler_options: dict | None = None):
+    """The jit-compiled co-update (actor_state, extractor_state, actor_batch, extractor_batch) ->
+    (actor_state, extractor_state, metrics); both states are donated.
+
+    The two loss callbacks come from `crl_jax.learner.loss_fns` (LLM path: `actor_ppo_loss(cfg)`,
+    `extractor_cispo_loss(cfg)`; tiny path: `actor_turn_loss(...)`, `extractor_constrained_loss(...)`).
+    `max_traces` wraps the program in `chex.assert_max_traces` (a retrace guard for tests);
+    `compiler_options` go to `jax.jit` (e.g. {"xla_backend_optimization_level": 0} for fast CPU compiles).
+    `actor_steps` / `extractor_steps` > 1: the batch carries a leading [steps] axis and each model takes
+    that many optimizer steps in order (`apply_updates`: PPO epochs x minibatches, extractor epochs);
+    `actor_target_kl` > 0 stops the actor's steps early (`apply_updates` `target_kl`).
+    The states' static parts (graphdef, tx) are part of the compiled signature: build the optimizer
+    once and reuse it for every state (including restored ones) to avoid recompiling.
+    """
+    ext_mb = microbatches if extractor_microbatches is None else extractor_microbatches
+
+    def co_update_fn(actor_state, extractor_state, actor_batch, extractor_batch):
+        actor_state, a_met = apply_updates(actor_state, actor_batch, actor_loss_fn, microbatches, actor_steps,
+                                           actor_target_kl)
+
+        def run(st):
+            return apply_updates(st, extractor_batch, extractor_loss_fn, ext_mb, extractor_steps)
+
+        def skip(st):
+            shapes = jax.eval_shape(run, st)[1]
+            return st, jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+        ready = jnp.asarray(extractor_batch.ready, bool).reshape(-1)[0]
+        extractor_state, e_met = jax.lax.cond(ready, run, skip, extractor_state)
+        e_met = dict(e_met, ready=ready.astype(_F32))
+        return actor_state, extractor_state, {**_prefix("actor", a_met), **_prefix("extractor", e_met)}
+
+    fn = chex.assert_max_traces(co_update_fn, n=max_traces) if max_traces else co_update_fn
+    return jax.jit(fn, donate_argnums=(0, 1) if donate else (), compiler_options=compiler_options)
+

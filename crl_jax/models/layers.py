@@ -1,0 +1,77 @@
+"""The transformer's stateless pieces: rotary position embeddings (HF's rope variants: default, linear, llama3,
+yarn) and RMSNorm. Used by `crl_jax.models.transformer` (which re-exports them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def rope_inv_freq(cfg) -> tuple[np.ndarray, float]:
+    """Inverse frequencies [D/2] and the attention scaling factor of a `TransformerConfig`, following HF's rope
+    variants."""
+    d = cfg.dim_head
+    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    sc = cfg.rope_scaling_dict
+    attn_factor = 1.0
+    if not sc:
+        return inv.astype(np.float32), attn_factor
+    kind = sc.get("rope_type", sc.get("type", "default"))
+    if kind == "default":
+        pass
+    elif kind == "linear":
+        inv = inv / float(sc["factor"])
+    elif kind == "llama3":
+        factor = float(sc["factor"])
+        lo, hi = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+        old = float(sc["original_max_position_embeddings"])
+        low_wl, high_wl = old / lo, old / hi
+        wl = 2 * math.pi / inv
+        scaled = np.where(wl > low_wl, inv / factor, inv)
+        smooth = (old / wl - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wl >= high_wl) & (wl <= low_wl)
+        inv = np.where(is_medium, smoothed, scaled)
+    elif kind == "yarn":
+        factor = float(sc["factor"])
+        old = float(sc.get("original_max_position_embeddings", cfg.max_position_embeddings))
+        beta_fast, beta_slow = float(sc.get("beta_fast", 32)), float(sc.get("beta_slow", 1))
+
+        def corr_dim(rot):
+            return (d * math.log(old / (rot * 2 * math.pi))) / (2 * math.log(cfg.rope_theta))
+
+        low = max(math.floor(corr_dim(beta_fast)), 0)
+        high = min(math.ceil(corr_dim(beta_slow)), d - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        extrap = 1 - ramp
+        inv = (inv / factor) * (1 - extrap) + inv * extrap
+        mscale = sc.get("attention_factor")
+        attn_factor = float(mscale) if mscale is not None else (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    else:
+        raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, yarn)")
+    return inv.astype(np.float32), attn_factor
+
+
+def apply_rope(x, positions, inv_freq, attn_factor=1.0):
+    """x [B, T, N, D], positions [B, T] -> rotated x (HF "rotate_half" layout)."""
+    ang = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, D/2]
+    cos = jnp.cos(ang) * attn_factor
+    sin = jnp.sin(ang) * attn_factor
+    cos = jnp.concatenate([cos, cos], -1)[:, :, None, :]
+    sin = jnp.concatenate([sin, sin], -1)[:, :, None, :]
+    xf = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-xf[..., half:], xf[..., :half]], -1)
+    return (xf * cos + rot * sin).astype(x.dtype)
+
+
+def rms_norm(x, w, eps):
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * w.astype(jnp.float32)).astype(x.dtype)
