@@ -8,14 +8,14 @@ and without experience, and the step's extractor-op and bank metrics.
     python experiments/bank_replay.py SEED [key=value ...]     # e.g. 100 extraction.merge=true
 """
 import sys, time, jax, jax.numpy as jnp, numpy as np
-from crl_jax.config import load
-from crl_jax.loop.runtime import build
 from crl_jax import bank as bank_lib
 from crl_jax import loop
-from crl_jax.actor.experience import query_keys
 from crl_jax.actor.evaluate import pool_setup
+from crl_jax.actor.experience import query_keys
 from crl_jax.actor.rollout import episode_reset_keys
+from crl_jax.config import load
 from crl_jax.envs.actions import token_to_action
+from crl_jax.loop.runtime import build
 seed = int(sys.argv[1]); cfg = load(None, sys.argv[2:])
 rt = build(cfg)
 st = loop.init_state(rt, jax.random.key(seed), cfg)

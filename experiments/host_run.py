@@ -19,8 +19,8 @@ import os
 
 from crl_jax import loop
 from crl_jax.backends.host import driver as host_loop
-from crl_jax.infra import run
 from crl_jax.config import load
+from crl_jax.infra import run
 
 
 def main(argv=None):

@@ -8,8 +8,8 @@ import sys
 import jax, jax.numpy as jnp, numpy as np
 
 import crl_jax.backends.llm as L
-from crl_jax.config import load
 from crl_jax.backends.llm import format_prior as fpm
+from crl_jax.config import load
 from crl_jax.models import lora, transformer as tr
 ov = ["env.max_turns=1", "actor.dtype=float32", "extractor.dtype=float32", "env.num_train_tasks=16", "env.num_eval_tasks=4",
       "rollout.groups=1", "rollout.group_size=2", "bank.capacity=64", "rollout.max_action_tokens=16",

@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import crl_jax.backends.llm as L
-from crl_jax.config import load
 from crl_jax.backends.llm.distill import distill_prompts, parse_responses
 from crl_jax.backends.llm.rollout import play
+from crl_jax.config import load
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import crl_jax.backends.llm as L
-from crl_jax.config import load
 from crl_jax.backends.llm.prompt_pieces import actor_head, user_turn
+from crl_jax.config import load
 from crl_jax.models import transformer as tr
 from crl_jax.text.packing import pack_segments
 

@@ -14,8 +14,8 @@ import jax
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-from crl_jax.infra import distributed
 from crl_jax.config import DistributedConfig, MeshConfig
+from crl_jax.infra import distributed
 
 
 def main():

@@ -9,8 +9,8 @@ import numpy as np
 from _micro import MICRO
 
 from crl_jax import loop
-from crl_jax.infra import sharding
 from crl_jax.config import MeshConfig, load
+from crl_jax.infra import sharding
 from crl_jax.loop.runtime import build
 
 STEPS = 2

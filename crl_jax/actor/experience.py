@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from crl_jax import bank as bank_lib
-from crl_jax.text.packing import pack_segments
 from crl_jax.actor.rollout import first_observation
+from crl_jax.text.packing import pack_segments
 
 
 def guided_mask(rt, flags, step) -> jax.Array:

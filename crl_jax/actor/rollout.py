@@ -32,8 +32,8 @@ import jax.numpy as jnp
 
 from crl_jax.envs.actions import action_allowed_mask, token_to_action
 from crl_jax.models import transformer as tr
-from crl_jax.text.packing import pack_segments
 from crl_jax.sampling import sample_logits
+from crl_jax.text.packing import pack_segments
 
 
 class Segments(NamedTuple):

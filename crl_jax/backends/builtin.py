@@ -12,14 +12,14 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from crl_jax.learner import batches
-from crl_jax.learner import pretrain
+from crl_jax.actor.evaluate import evaluate_pool
+from crl_jax.actor.rollout import play
 from crl_jax.backends.base import Backend
 from crl_jax.extractor.distill import distill
-from crl_jax.actor.evaluate import evaluate_pool
 from crl_jax.extractor.merge_step import maybe_merge, merge_prompt_len, merge_response_len
+from crl_jax.learner import batches
+from crl_jax.learner import pretrain
 from crl_jax.models import transformer as tr
-from crl_jax.actor.rollout import play
 
 
 def play_episodes(rt, state, p, key):

@@ -37,15 +37,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from crl_jax import loop
-from crl_jax.infra import distributed
-from crl_jax.backends.host import driver as host_loop
 from crl_jax.backends import llm
-from crl_jax.learner import pretrain
+from crl_jax.backends.host import driver as host_loop
+from crl_jax.backends.llm.format_prior import format_prior_id
+from crl_jax.config import Config, ConfigError, to_dict
+from crl_jax.infra import distributed
 from crl_jax.infra import sharding
 from crl_jax.infra.checkpoint import Checkpointer, step_dirs
-from crl_jax.config import Config, ConfigError, to_dict
-from crl_jax.backends.llm.format_prior import format_prior_id
 from crl_jax.infra.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
+from crl_jax.learner import pretrain
 from crl_jax.loop.runtime import build
 from crl_jax.infra.run_folder import (  # noqa: F401  (RESUME_FREE: named by this docstring)
     RESUME_FREE, RunFolderError, RunLock, _check_saved_config, clear_run, holds_run,

@@ -45,8 +45,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from crl_jax import loop
-from crl_jax.infra.checkpoint import Checkpointer
 from crl_jax.config import ConfigError, drop_removed_keys, to_dict
+from crl_jax.infra.checkpoint import Checkpointer
 from crl_jax.infra.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
 from crl_jax.infra.plot import plot_runs, t_interval
 from crl_jax.infra.run import _prior_id

@@ -18,12 +18,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from crl_jax.extractor import buffer as buffer_lib
 from crl_jax import losses
+from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.learner import pretrain
 from crl_jax.learner.loss_fns import TurnBatch
-from crl_jax.text.packing import pack_segments
 from crl_jax.learner.train_state import ExtractorBatch
+from crl_jax.text.packing import pack_segments
 
 
 def episode_advantages(rt, reward, guided, split):

@@ -37,9 +37,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from crl_jax import losses
-from crl_jax.models import transformer as tr
 from crl_jax.actor.rollout import last_logits
 from crl_jax.learner.train_state import ActorBatch, ExtractorBatch, LossFn, token_logprobs
+from crl_jax.models import transformer as tr
 
 # ----------------------------------------------------------------------------------------------
 # Full-sequence family (LLM path)

@@ -43,14 +43,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from crl_jax.extractor.distill import distill_prompts
-from crl_jax.envs.compact import probe_obs
+from crl_jax.actor.rollout import build_prompt
 from crl_jax.envs.base import G_AGENT, G_BLANK, G_DOWN, G_FLOOR, G_UP, G_WALL, Obs
-from crl_jax.learner.loss_fns import PriorRows, actor_prior_loss, extractor_prior_loss
+from crl_jax.envs.compact import probe_obs
+from crl_jax.extractor.distill import distill_prompts
 from crl_jax.extractor.merge_step import merge_prompt_len, merge_response_len
+from crl_jax.learner.loss_fns import PriorRows, actor_prior_loss, extractor_prior_loss
 from crl_jax.models import transformer as tr
 from crl_jax.text.packing import pack_segments
-from crl_jax.actor.rollout import build_prompt
 
 ADD, UPDATE, RETURN = 0, 1, 2
 PRIOR_VERSION = 3  # bump when the synthetic data or a prompt layout changes: old caches then miss

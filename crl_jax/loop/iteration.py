@@ -32,15 +32,15 @@ import jax.numpy as jnp
 from flax import struct
 
 from crl_jax import bank as bank_lib
-from crl_jax.extractor import buffer as buffer_lib
-from crl_jax.losses import credit as rewards
-from crl_jax.learner import train_state as ts
-from crl_jax.bank.io import load_jsonl
-from crl_jax.config import ConfigError
 from crl_jax.actor.evaluate import evaluate_all
 from crl_jax.actor.experience import guided_mask, query_from_observation, retrieve_entries
 from crl_jax.actor.rollout import first_observation
+from crl_jax.bank.io import load_jsonl
+from crl_jax.config import ConfigError
+from crl_jax.extractor import buffer as buffer_lib
+from crl_jax.learner import train_state as ts
 from crl_jax.loop.runtime import Runtime, build, is_host
+from crl_jax.losses import credit
 
 
 @struct.dataclass
@@ -103,7 +103,7 @@ def init_state(rt: Runtime, key, cfg=None) -> LoopState:
 
 def entry_credit(variant, success, entry_ids, guided, G, K, capacity):
     """Per-entry extractor rewards of one step (METHOD.md §2 step 6) from flat [N = G*K] episode data."""
-    return rewards.entry_rewards(variant, success.reshape(G, K), entry_ids.reshape(G, K), capacity,
+    return credit.entry_rewards(variant, success.reshape(G, K), entry_ids.reshape(G, K), capacity,
                                  guided=guided.reshape(G, K))
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from crl_jax import envs
+from crl_jax.actor.rollout import Segments
 from crl_jax.backends.base import Backend
 from crl_jax.backends.builtin import BUILTIN
 from crl_jax.config import Config, ConfigError, DistributedConfig, MeshConfig, to_dict
@@ -28,7 +29,6 @@ from crl_jax.learner import train_state as ts
 from crl_jax.learner.loss_fns import actor_turn_loss, extractor_constrained_loss
 from crl_jax.models import transformer as tr
 from crl_jax.models.embed import HashedNgramEmbedder
-from crl_jax.actor.rollout import Segments
 
 OPS = ("<ADD>", "<UPDATE>", "<RETURN>")
 

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from crl_jax import loop
-from crl_jax.infra import sweep
 from crl_jax.config import load
+from crl_jax.infra import sweep
 from crl_jax.loop.runtime import build
 
 

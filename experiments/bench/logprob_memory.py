@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from crl_jax.learner import train_state as ts
 from crl_jax.models import logprobs as LP
 from crl_jax.models import transformer as tr
-from crl_jax.learner import train_state as ts
 
 
 def old_token_logprobs(graphdef, params, tokens, mask):

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 
 from crl_jax import loop
-from crl_jax.config import load
 from crl_jax.actor.evaluate import evaluate_all
 from crl_jax.actor.rollout import play
+from crl_jax.config import load
 from crl_jax.loop.runtime import build
 
 

@@ -36,9 +36,9 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import tunix_common as tc  # noqa: E402
 
 from crl_jax import envs  # noqa: E402
+from crl_jax.actor.rollout import Segments, play  # noqa: E402
 from crl_jax.envs.actions import action_token_ids, tiny_tokenizer  # noqa: E402
 from crl_jax.envs.render import make_token_renderer  # noqa: E402
-from crl_jax.actor.rollout import Segments, play  # noqa: E402
 
 EXTRAS = ("<ADD>", "<UPDATE>", "<RETURN>")
 

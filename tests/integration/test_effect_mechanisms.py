@@ -8,12 +8,12 @@ import pytest
 
 from crl_jax import bank as bank_lib
 from crl_jax import loop
-from crl_jax.learner import pretrain
+from crl_jax.actor.rollout import build_prompt, play
 from crl_jax.config import load
-from crl_jax.learner.loss_fns import TurnBatch, actor_turn_loss
 from crl_jax.envs.actions import action_allowed_mask
 from crl_jax.extractor.merge import grouped_order
-from crl_jax.actor.rollout import build_prompt, play
+from crl_jax.learner import pretrain
+from crl_jax.learner.loss_fns import TurnBatch, actor_turn_loss
 from crl_jax.loop.runtime import build
 
 MICRO = ["rollout.groups=2", "rollout.group_size=4", "env.max_turns=4", "env.num_train_tasks=4",

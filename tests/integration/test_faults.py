@@ -14,9 +14,9 @@ import jax
 import numpy as np
 import pytest
 
+from crl_jax.config import ConfigError, load
 from crl_jax.infra import cli
 from crl_jax.infra.checkpoint import Checkpointer, CheckpointError
-from crl_jax.config import ConfigError, load
 from crl_jax.infra.metrics import read_csv
 from crl_jax.infra.run import RunFolderError, RunLock, run
 

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from crl_jax import bank as bank_lib
-from crl_jax.extractor import buffer as buffer_lib
 from crl_jax import loop
-from crl_jax.config import load
 from crl_jax.actor.rollout import play
+from crl_jax.config import load
+from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.loop.runtime import build
 
 OVERRIDES = ["rollout.groups=1", "rollout.group_size=4", "env.max_turns=3", "env.num_train_tasks=4",

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from _llm_common import small_runtime
 
-from crl_jax.extractor.ops_json import parse_operations
 from crl_jax.backends.llm import format_prior as fpm
 from crl_jax.backends.llm.answer import parse_prefilled_text
+from crl_jax.extractor.ops_json import parse_operations
 from crl_jax.models import transformer as tr
 
 SMALL = {"rollout": {"groups": 2, "group_size": 2, "max_action_tokens": 8},

@@ -17,10 +17,10 @@ from _llm_common import small_runtime
 
 import crl_jax.backends.llm as L
 from crl_jax import loop as tiny
-from crl_jax.config import load
-from crl_jax.extractor.ops_json import parse_operations_with_stats
 from crl_jax.backends.llm.distill import parse_responses
 from crl_jax.backends.llm.rollout import play
+from crl_jax.config import load
+from crl_jax.extractor.ops_json import parse_operations_with_stats
 from crl_jax.models import transformer as tr
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

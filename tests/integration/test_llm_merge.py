@@ -12,8 +12,8 @@ import pytest
 from _llm_common import small_runtime
 
 from crl_jax import bank as bank_lib
-from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.backends.llm import merge as llm_merge
+from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.extractor.merge_step import merge_into
 from crl_jax.models import transformer as tr
 

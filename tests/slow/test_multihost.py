@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from _sharding_common import COMPARED, on_mesh
 
-from crl_jax.infra import distributed
 from crl_jax.config import DistributedConfig
+from crl_jax.infra import distributed
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: the shared helpers and the worker
 

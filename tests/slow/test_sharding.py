@@ -8,8 +8,8 @@ from _sharding_common import assert_metrics_close, micro_cfg, on_mesh, one_devic
 from jax.sharding import PartitionSpec as P
 
 from crl_jax import loop
-from crl_jax.infra import sharding
 from crl_jax.config import MeshConfig
+from crl_jax.infra import sharding
 from crl_jax.loop.runtime import build
 
 

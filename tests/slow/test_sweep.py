@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from _micro import MICRO, micro
 
-from crl_jax.infra import sweep
 from crl_jax.config import ConfigError
-from crl_jax.infra.run import run
+from crl_jax.infra import sweep
 from crl_jax.infra.metrics import read_csv
+from crl_jax.infra.run import run
 from crl_jax.infra.sweep import plan, run_sweep
 from crl_jax.infra.sweep_spec import SweepSpec, _flat_overrides, expand, load_spec
 

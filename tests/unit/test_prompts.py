@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from crl_jax import envs
-from crl_jax.text import prompts
-from crl_jax.envs.render import make_token_renderer
 from crl_jax.backends.llm import prompt_pieces as pp
 from crl_jax.backends.llm.runtime import load_tokenizer
+from crl_jax.envs.render import make_token_renderer
+from crl_jax.text import prompts
 from crl_jax.text.packing import pack_segments
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "..", "golden")

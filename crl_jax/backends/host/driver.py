@@ -30,8 +30,8 @@ import time
 import jax
 import numpy as np
 
-from crl_jax.backends.host import evaluate as host_eval
 from crl_jax.actor.evaluate import evaluate_all
+from crl_jax.backends.host import evaluate as host_eval
 from crl_jax.backends.host.play import _Clock, Games, Timer, compiled, games_of, play_host, seeds_from_key_data  # noqa: F401
 from crl_jax.loop import EVAL_KEYS, eval_due
 from crl_jax.loop.runtime import is_host  # noqa: F401  (re-exported: host_loop.is_host)

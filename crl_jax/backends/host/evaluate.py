@@ -20,8 +20,8 @@ import jax
 import numpy as np
 
 from crl_jax.actor.evaluate import EVAL_KEY
-from crl_jax.backends.host.play import compiled, eval_size, games_of, play_host, seeds_from_key_data
 from crl_jax.actor.rollout import episode_reset_keys
+from crl_jax.backends.host.play import compiled, eval_size, games_of, play_host, seeds_from_key_data
 
 
 def evaluate_pool(rt, state, *, heldout: bool) -> tuple[float, float]:

@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from crl_jax.actor.experience import query_from_observation, retrieve_entries
+from crl_jax.actor.rollout import Episodes, episode_reset_keys, sample_turn
 from crl_jax.envs.actions import action_allowed_mask
 from crl_jax.envs.adapters.common import seed_to_int
-from crl_jax.actor.experience import query_from_observation, retrieve_entries
 from crl_jax.loop import finish, prepare, sample_tasks, step_keys
-from crl_jax.actor.rollout import Episodes, episode_reset_keys, sample_turn
 
 # Maximum traces of each compiled piece when `TRACE_GUARD` is on (tests): the turn function is compiled
 # once per sampling temperature (training, evaluation), the evaluation query once per pool.

@@ -15,8 +15,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from crl_jax.learner import batches
-from crl_jax.learner import train_state as ts
 from crl_jax.backends.base import Backend
 from crl_jax.backends.llm.distill import distill
 from crl_jax.backends.llm.evaluate import evaluate_pool
@@ -24,6 +22,8 @@ from crl_jax.backends.llm.format_prior import starting_weights
 from crl_jax.backends.llm.merge import maybe_merge
 from crl_jax.backends.llm.merge import prompt_len as merge_prompt_len
 from crl_jax.backends.llm.rollout import LLMEpisodes, play
+from crl_jax.learner import batches
+from crl_jax.learner import train_state as ts
 from crl_jax.models import transformer as tr
 
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from crl_jax.backends.llm.prompt_pieces import distill_prompt
 from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.extractor.distill import ADD, UPDATE, DistillOut, apply_operations
 from crl_jax.extractor.ops_json import parse_operations_callback
-from crl_jax.backends.llm.prompt_pieces import distill_prompt
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
 

@@ -13,9 +13,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from crl_jax.learner import train_state as ts
-from crl_jax.config import Config
 from crl_jax.backends.llm.runtime import model_config
+from crl_jax.config import Config
+from crl_jax.learner import train_state as ts
 from crl_jax.models import transformer as tr
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from crl_jax.actor.evaluate import pool_setup
-from crl_jax.backends.llm.rollout import play
 from crl_jax.actor.rollout import episode_reset_keys
+from crl_jax.backends.llm.rollout import play
 
 
 def evaluate_pool(rt, state, *, heldout: bool):

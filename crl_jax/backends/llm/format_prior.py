@@ -33,11 +33,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from crl_jax.text import prompts
 from crl_jax.backends.llm.pieces import token_row, token_table
 from crl_jax.backends.llm.prompt_pieces import actor_head, distill_prompt, user_turn
 from crl_jax.models import lora
 from crl_jax.models import transformer as tr
+from crl_jax.text import prompts
 from crl_jax.text.packing import pack_segments
 from crl_jax.learner.pretrain import _load, _random_obs, cache_dir, cached_or_trained  # noqa: F401  (_load: probes)
 

@@ -11,9 +11,9 @@ as it was and writes no sample. At most `MAX_OPS` (3) lessons come out of a chun
 
 from __future__ import annotations
 
-from crl_jax.extractor.ops_json import MAX_OPS, parse_operations_callback
 from crl_jax.extractor.merge_step import maybe_merge as _maybe_merge
 from crl_jax.extractor.merge_step import merge_into, merge_prompt_len
+from crl_jax.extractor.ops_json import MAX_OPS, parse_operations_callback
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
-from crl_jax.text import prompts
 from crl_jax.config import LLMPromptConfig
+from crl_jax.text import prompts
 from crl_jax.backends.llm.pieces import (
     Layout,
     chat_text,

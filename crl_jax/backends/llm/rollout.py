@@ -18,10 +18,10 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from crl_jax.backends.llm.prompt_pieces import actor_head, user_turn
-from crl_jax.text.packing import pack_segments
 from crl_jax.actor.rollout import episode_reset_keys
+from crl_jax.backends.llm.prompt_pieces import actor_head, user_turn
 from crl_jax.sampling import SamplerConfig, sample_tokens
+from crl_jax.text.packing import pack_segments
 
 
 class LLMEpisodes(NamedTuple):

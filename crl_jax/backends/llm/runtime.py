@@ -26,14 +26,14 @@ import numpy as np
 from flax import nnx
 
 from crl_jax import envs
-from crl_jax.learner import loss_fns
-from crl_jax.learner import train_state as ts
-from crl_jax.config import Config, ConfigError, DistributedConfig, to_dict
 from crl_jax.backends.base import Backend
 from crl_jax.backends.llm.answer import make_reply_parser, reply_stop_tokens
 from crl_jax.backends.llm.backend import LLM
-from crl_jax.envs.render import make_token_renderer
 from crl_jax.backends.llm.merge import prompt_len as merge_prompt_len
+from crl_jax.config import Config, ConfigError, DistributedConfig, to_dict
+from crl_jax.envs.render import make_token_renderer
+from crl_jax.learner import loss_fns
+from crl_jax.learner import train_state as ts
 from crl_jax.backends.llm.prompt_pieces import (
     ActorPieces,
     DistillPieces,
@@ -42,11 +42,11 @@ from crl_jax.backends.llm.prompt_pieces import (
     build_merge_pieces,
 )
 from crl_jax.models import presets
+from crl_jax.models import transformer as tr
+from crl_jax.models.embed import HashedNgramEmbedder
 from crl_jax.models.gguf_loader import read_metadata
 from crl_jax.models.pretrained import from_pretrained
 from crl_jax.text.tokenizers import HFTokenizer
-from crl_jax.models import transformer as tr
-from crl_jax.models.embed import HashedNgramEmbedder
 
 
 def is_llm_config(cfg: Config) -> bool:
