@@ -67,7 +67,7 @@ def comparison_table(results: dict[str, list[dict]]) -> str:
 
 
 def demo(*, seeds: int = 5, out: str = "runs/demo", steps: int | None = None, config: str | None = None,
-         overrides: list[str] = (), methods=("crl", "grpo", "static_online")) -> dict:
+         overrides: list[str] = (), methods=("crl", "grpo")) -> dict:
     """Every method over `seeds` seeds (`crl_jax.infra.sweep`), each run alone with the single-run program (one
     compilation for every run: method flags are traced; on 2 CPU cores ~1.5x faster than vmapping the
     seeds), run folders `out/<method>/seed<s>/` (resumable), then the comparison table and plot."""

@@ -231,8 +231,8 @@ def test_failed_start_then_corrected_command_and_mismatch_names_keys(tmp_path):
         train(d, 1, "env.name=rooom")
     assert not (d / "config.json").exists()
     train(d, 1)
-    with pytest.raises(RunFolderError, match=r"actor\.lr \(saved 0\.003, now 0\.001\).*rollout\.groups"):
-        train(d, 2, "actor.lr=1e-3", "rollout.groups=3")
+    with pytest.raises(RunFolderError, match=r"actor\.lr \(saved 0\.001, now 0\.002\).*rollout\.groups"):
+        train(d, 2, "actor.lr=2e-3", "rollout.groups=3")
 
 
 OLD_KEYS = {"rollout": {"history": "current", "action_format": "constrained"}, "extraction": {"format": "constrained"},
@@ -387,11 +387,11 @@ def test_train_help_and_config_show(capsys):
         cli.main(["train", "--help"])
     out = capsys.readouterr().out
     assert "dotted key=value" in out and "config show" in out and "--overwrite" in out
-    cli.main(["config", "show", "actor.lr=1e-3"])
+    cli.main(["config", "show", "actor.lr=2e-3"])
     import yaml
 
     shown = yaml.safe_load(capsys.readouterr().out)
-    assert shown["actor"]["lr"] == 1e-3 and "keep_checkpoints" in shown and "offline_path" in shown["bank"]
+    assert shown["actor"]["lr"] == 2e-3 and "keep_checkpoints" in shown and "offline_path" in shown["bank"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -194,4 +194,4 @@ def test_a_member_folder_saved_with_removed_keys_is_still_the_same_run(tmp_path)
     with pytest.warns(UserWarning, match=r"ignoring rollout\.history, bank\.top_k"):
         sweep._write_config(m)
     with pytest.raises(ConfigError, match="different config"):
-        sweep._write_config(sweep.Member("p", 0, micro("steps=2", "actor.lr=1e-3"), m.run_dir))
+        sweep._write_config(sweep.Member("p", 0, micro("steps=2", "actor.lr=2e-3"), m.run_dir))
