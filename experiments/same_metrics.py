@@ -133,6 +133,9 @@ def _module(name: str, attr: str):
             found = False
         if found:
             mod = importlib.import_module(path)
+            root = os.path.realpath(os.path.dirname(os.path.dirname(sys.modules["crl_jax"].__file__)))
+            if not os.path.realpath(mod.__file__).startswith(root + os.sep):
+                raise SystemExit(f"same_metrics: {path} came from {mod.__file__}, outside the tree {root}")
             if hasattr(mod, attr):
                 return mod
             tried.append(f"{path} (no {attr})")
@@ -202,7 +205,16 @@ def _drive_llm(spec: dict, out: str) -> None:
                          "small random-init test hook); update the driver")
 
 
+def _isolate_tree() -> None:
+    """Drop the editable install's import hook (`__editable___crl_jax_*_finder`) from this process: it maps
+    any `crl_jax.*` name that the tree on PYTHONPATH lacks to the installed checkout, so a tree of the old
+    layout would import the new layout's modules from there (seen: the old tree's run reached the installed
+    `crl_jax/infra/cli.py`) instead of falling back to its own old paths."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+
+
 def drive(name: str, spec: dict, out: str, tree: str) -> None:
+    _isolate_tree()
     import crl_jax
 
     where = os.path.realpath(os.path.dirname(os.path.dirname(crl_jax.__file__)))

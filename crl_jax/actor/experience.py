@@ -52,11 +52,9 @@ def retrieve_entries(rt, bank, key, step, q, guided, *, diverse: bool = True):
     floor = b.min_similarity if b.min_similarity > -1.0 else None
     task = jnp.zeros(q.shape[:1], jnp.int32)
     if diverse:
-        # bank.retrieve counts an entry as recent when step - last_retrieved < r; ours: within the last
-        # `recent_steps` steps before this one, hence r = recent_steps + 1.
         bank, slots, found = bank_lib.retrieve(bank, q, task, key, step, top_k=1, candidates=b.candidates,
                                                query_mask=guided, min_similarity=floor,
-                                               diversity_lambda=b.diversity_lambda, recent_steps=b.recent_steps + 1,
+                                               diversity_lambda=b.diversity_lambda, recent_steps=b.recent_steps,
                                                demote_p=b.demote_p, shared_ties=b.shared_ties)
         slot, has = slots[:, 0], found[:, 0] & guided
     else:

@@ -30,8 +30,8 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
          ties exactly are then ordered by a uniform draw per (query, candidate) from `rng` (when given), so the
          guided queries of one group, which see one snapshot, spread over a level's equally used entries.
       3. Rescore s = -r - diversity_lambda * log(1 + times_retrieved) - recent, where recent = 1 if
-         last_retrieved_step >= 0 and step - last_retrieved_step < recent_steps (-1 = never is never
-         recent), else 0. Order candidates by s (ties: lower rank first).
+         the entry was retrieved in one of the `recent_steps` steps before this one
+         (0 < step - last_retrieved_step <= recent_steps; -1 = never is never recent), else 0. Order candidates by s (ties: lower rank first).
       4. Demotion: if the best-by-s entry is recent and a second-best eligible entry exists, then with
          probability demote_p (uniform u_q from `rng`, one per query, demote iff u_q < demote_p) the first
          two positions are swapped. With top_k = 1 this returns the second-best instead.
@@ -68,7 +68,7 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
         rank = jnp.broadcast_to(jnp.arange(c, dtype=jnp.float32)[None, :], (q, c))
 
     last = bank.last_retrieved_step[cand_idx]
-    recent = (last >= 0) & (step - last < recent_steps)
+    recent = (last >= 0) & (last < step) & (step - last <= recent_steps)
     uses = bank.times_retrieved[cand_idx].astype(jnp.float32)
     # rank + recent is an exact small integer, so candidates whose usage is equal tie exactly and the
     # lower rank (with shared ties: the lower candidate position, or the random draw below) wins,

@@ -149,20 +149,22 @@ def test_heavily_retrieved_loses_to_fresh():
 
 def test_recent_penalty_and_never_is_not_recent():
     b = _filled([[1, 0.0], [1, 0.05]]).replace(last_retrieved_step=jnp.array([9, -1]))
-    _, slots, _ = _retrieve(b, [[1, 0]], 0, step=10, diversity_lambda=0.0, recent_steps=2, demote_p=0.0)
+    _, slots, _ = _retrieve(b, [[1, 0]], 0, step=10, diversity_lambda=0.0, recent_steps=1, demote_p=0.0)
     assert slots.tolist() == [[0]]  # s0 = -1 (recent), s1 = -1 (rank): tie -> lower rank
-    _, slots, _ = _retrieve(b, [[1, 0]], 0, step=10, diversity_lambda=0.0, recent_steps=2, demote_p=1.0)
-    assert slots.tolist() == [[1]]  # recent top-1 demoted
-    _, slots, _ = _retrieve(b, [[1, 0]], 0, step=11, diversity_lambda=0.0, recent_steps=2, demote_p=1.0)
-    assert slots.tolist() == [[0]]  # retrieved 2 steps ago: 11 - 9 < 2 is false, not recent
-    # recent_steps=1 (the default): recent means retrieved at this same step (step - last < 1).
     _, slots, _ = _retrieve(b, [[1, 0]], 0, step=10, diversity_lambda=0.0, recent_steps=1, demote_p=1.0)
+    assert slots.tolist() == [[1]]  # retrieved in the previous step (the default, recent_steps=1): demoted
+    _, slots, _ = _retrieve(b, [[1, 0]], 0, step=11, diversity_lambda=0.0, recent_steps=1, demote_p=1.0)
+    assert slots.tolist() == [[0]]  # retrieved 2 steps ago: 11 - 9 <= 1 is false, not recent
+    _, slots, _ = _retrieve(b, [[1, 0]], 0, step=11, diversity_lambda=0.0, recent_steps=2, demote_p=1.0)
+    assert slots.tolist() == [[1]]  # ... but within the last 2 steps
+    # recent_steps=0: nothing is recent; an entry retrieved at this same step is not recent either.
+    _, slots, _ = _retrieve(b, [[1, 0]], 0, step=10, diversity_lambda=0.0, recent_steps=0, demote_p=1.0)
     assert slots.tolist() == [[0]]
     _, slots, _ = _retrieve(b, [[1, 0]], 0, step=9, diversity_lambda=0.0, recent_steps=1, demote_p=1.0)
-    assert slots.tolist() == [[1]]
+    assert slots.tolist() == [[0]]
     b2 = b.replace(last_retrieved_step=jnp.array([-1, -1]))
     _, slots, _ = _retrieve(b2, [[1, 0]], 0, step=0, diversity_lambda=0.0, recent_steps=5, demote_p=1.0)
-    assert slots.tolist() == [[0]]  # -1 never counts as recent, even when step - (-1) < recent_steps
+    assert slots.tolist() == [[0]]  # -1 never counts as recent, even when step - (-1) <= recent_steps
 
 
 @pytest.mark.parametrize("p", [0.5, 0.2])
@@ -172,7 +174,7 @@ def test_demotion_frequency_binomial(p):
     rate = []
     for seed in range(2):
         _, slots, _ = _retrieve(b, jnp.tile(jnp.array([[1.0, 0.0]]), (q, 1)), 0, step=10, rng=jax.random.key(seed),
-                                diversity_lambda=0.0, recent_steps=2, demote_p=p)
+                                diversity_lambda=0.0, recent_steps=1, demote_p=p)
         s = np.asarray(slots[:, 0])
         assert set(s.tolist()) <= {0, 1}
         rate.append((s == 1).mean())
@@ -189,7 +191,7 @@ def test_identical_queries_share_one_snapshot():
     assert nb.times_retrieved.tolist() == [6, 0] and nb.last_retrieved_step.tolist() == [3, -1]
     b = b.replace(last_retrieved_step=jnp.array([2, -1]))
     _, slots, _ = _retrieve(b, jnp.tile(jnp.array([[1.0, 0.0]]), (6, 1)), 0, step=3, diversity_lambda=0.0,
-                            recent_steps=2, demote_p=1.0)
+                            recent_steps=1, demote_p=1.0)
     assert slots[:, 0].tolist() == [1] * 6
 
 

@@ -81,7 +81,7 @@ class RefBank:
 
             def recent(i):
                 last = self.e[i]["last"]
-                return last >= 0 and step - last < recent_steps
+                return last >= 0 and 0 < step - last <= recent_steps
 
             score = {i: -(r + recent(i)) - lam * math.log1p(self.e[i]["n"]) for r, i in enumerate(cands)}
             ranked = sorted(range(len(cands)), key=lambda r: (-score[cands[r]], r))
