@@ -153,7 +153,7 @@ class PretrainConfig:
 
 @dataclass(frozen=True)
 class LLMPromptConfig:
-    """LLM path: prompt variants a small instruct model follows (crl_jax/prompts; measured in RESULTS.md)."""
+    """LLM path: prompt variants a small instruct model follows (crl_jax/text/prompts; measured in RESULTS.md)."""
 
     example: bool = True  # one worked example turn (user board + assistant answer) before the actor's first turn
     think: bool = False  # ask for one short thought before the answer (else: a one-line answer only)
@@ -226,7 +226,7 @@ class Config:
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # priors of the tiny models (§6)
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh (crl_jax/infra/sharding.py)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # multi-host start-up
-    prompts: str = ""  # LLM path: folder of prompt templates ("" = the packaged crl_jax/prompts)
+    prompts: str = ""  # LLM path: folder of prompt templates ("" = the packaged crl_jax/text/prompts)
     llm_prompt: LLMPromptConfig = field(default_factory=LLMPromptConfig)  # LLM path: prompt variants
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # LLM path: adapters (format prior)
     format_prior: FormatPriorConfig = field(default_factory=FormatPriorConfig)  # LLM path: format prior

@@ -5,7 +5,7 @@
                   [--max-nonfinite N] [key=value ...]
     crl-jax config show [--config F] [key=value ...]   # the resolved config, every key
     crl-jax eval DIR                      # evaluate the latest checkpoint of a run folder
-    crl-jax demo [--seeds 3] [--out runs/demo]   # the README's main job: CRL vs GRPO, table + plot
+    crl-jax demo [--seeds 5] [--methods crl,grpo] [--out runs/demo]   # the README's main job: table + plot
     crl-jax plot DIR [DIR ...] [--out FILE]
     crl-jax bank show DIR [--task N] [--top N] | crl-jax bank export DIR --out FILE.jsonl
 
@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import sys
-
 
 
 def _load_cfg(args, extra_overrides=()):
