@@ -14,8 +14,7 @@ from typing import Literal
 import yaml
 
 from crl_jax.config_checks import (  # noqa: F401  (re-exported: the config's public names)
-    REMOVED_KEYS, ConfigError, _build, _check_value, _deep_merge, _set_dotted, drop_removed_keys, parse_overrides,
-    validate,
+    REMOVED_KEYS, ConfigError, _build, _deep_merge, drop_removed_keys, parse_overrides, validate,
 )
 
 
