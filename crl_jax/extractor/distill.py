@@ -8,6 +8,12 @@ sequences of action tokens (a plan); the response mask enforces op-token-first, 
 Operations are applied in episode order (a `lax.scan`), so the result is deterministic. Every add or
 update is a generation that can later earn reward: it goes into the extractor sample buffer, and its
 buffer id becomes the entry's `source`. `<RETURN>` and malformed responses write nothing and are counted.
+
+With `extraction.return_samples = n > 0` (our extension) up to n well-formed `<RETURN>` decisions per step
+also go into the buffer, already credited with `credit.return_values` (what playing without an entry earned
+in the episode's group): the extractor then learns when writing beats not writing, and a run whose
+extractor stopped writing still has samples that can teach it to write again. A tiny RETURN sample is
+its op token alone (what follows it is never read); an LLM one is its whole reply.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ class DistillOut(NamedTuple):
     n_return: jax.Array
     n_invalid: jax.Array
     n_add_failed: jax.Array  # adds / updates written from failed episodes (what RL should learn to avoid)
+    n_return_trained: jax.Array = jnp.int32(0)  # no-write decisions stored with their reward (return_samples)
+    n_update_noop: jax.Array = jnp.int32(0)  # UPDATE chosen with no retrieved entry (writes nothing, as RETURN)
 
 
 def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, has_exp):
@@ -81,13 +89,36 @@ def apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, 
     return bank
 
 
+def store_returns(buffer, is_return, prompts, plen, resp, rlen, logp, value, ok, num: int, key, step):
+    """Up to `num` of the RETURN decisions `is_return` [N] (where `ok` [N]), drawn uniformly with `key`,
+    into the buffer in episode order, each credited once with its `value` [N] -> (buffer, stored [N] bool).
+
+    prompts [N, P'] / resp, logp [N, R'] are padded to the buffer's widths here; rlen [N] is what the
+    CISPO loss will train (1 = the op token alone)."""
+    cand = is_return & ok
+    if num <= 0:
+        return buffer, jnp.zeros_like(cand)
+    prio = jnp.where(cand, jax.random.uniform(key, cand.shape), -1.0)
+    _, idx = jax.lax.top_k(prio, min(num, cand.shape[0]))
+    chosen = jnp.zeros_like(cand).at[idx].set(True) & cand
+    P, R = buffer.prompt.shape[1], buffer.response.shape[1]
+    pad2 = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))  # noqa: E731
+    buffer, ids = buffer_lib.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step,
+                                      chosen)
+    buffer = buffer_lib.credit(buffer, ids, value, jnp.ones_like(ids), chosen)
+    return buffer, chosen
+
+
 def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, episodes, keys, exp, exp_len,
-            has_exp, slots, mask) -> DistillOut:
-    """Generate one operation per masked episode and apply them to bank and buffer in episode order."""
+            has_exp, slots, mask, return_value=None, return_ok=None) -> DistillOut:
+    """Generate one operation per masked episode and apply them to bank and buffer in episode order.
+    `return_value` / `return_ok` [N]: the reward of a RETURN per episode (`credit.return_values`); with
+    `extraction.return_samples > 0` that many RETURN decisions are stored with it (module docstring)."""
     cfg = rt.cfg
     prompts, plen = distill_prompts(rt, task_tokens, task_len, episodes, episodes.success, exp, exp_len, has_exp)
     scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,
-                         stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id)
+                         stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id,
+                         first_mix=cfg.extraction.op_explore)
     allowed = rt.response_allowed(cfg.extraction.max_new_tokens)[None]
     resp, logp, rlen = sample_tokens(rt.extractor_graphdef, eparams, prompts, plen, key, scfg, allowed)
     op, entry, entry_len, valid = jax.vmap(
@@ -99,9 +130,15 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
                                       writes)
 
     bank = apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, step, cfg.bank.eviction)
+    n_ret_trained = jnp.int32(0)
+    if return_value is not None and cfg.extraction.return_samples > 0:
+        buffer, stored = store_returns(buffer, mask & valid & ~writes, prompts, plen, resp,
+                                       jnp.ones_like(rlen), logp, return_value, return_ok,
+                                       cfg.extraction.return_samples, jax.random.fold_in(key, 7), step)
+        n_ret_trained = jnp.sum(stored)
     n_invalid = jnp.sum(mask & ~valid)
     n_add = jnp.sum(writes & (op == ADD))
     n_update = jnp.sum(writes & (op == UPDATE))
     n_failed = jnp.sum(writes & ~episodes.success.astype(bool))
     return DistillOut(bank, buffer, n_add, n_update, jnp.sum(mask) - n_add - n_update - n_invalid, n_invalid,
-                      n_failed)
+                      n_failed, n_ret_trained, jnp.sum(mask & valid & (op == UPDATE) & ~has_exp))

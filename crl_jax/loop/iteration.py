@@ -190,18 +190,20 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
     # pruning (our extension): entries whose credit this step is below the threshold are removed
     bank, n_pruned = bank_lib.prune(bank, er.mean, credited & flags.edits_bank, cfg.bank.prune_below)
 
-    # 5. distillation (skipped at run time for methods that do not edit the bank)
+    # 5. distillation (skipped at run time for methods that do not edit the bank); a RETURN decision's reward
+    # is what its group's free rollouts earned (stored only with extraction.return_samples > 0)
     mask = has_exp if cfg.extraction.distill == "guided_only" else jnp.ones((N,), bool)
+    ret_value, ret_ok = credit.return_values(cfg.extraction.reward, success.reshape(G, K), guided.reshape(G, K))
 
     def do_distill(bb):
         d = be.distill(rt, bb[0], bb[1], state.extractor.params, k.ext, step, task_tokens=p.task_tokens,
                        task_len=p.task_len, episodes=ep, keys=p.q, exp=p.exp, exp_len=p.exp_len, has_exp=has_exp,
-                       slots=slots, mask=mask)
+                       slots=slots, mask=mask, return_value=ret_value.reshape(N), return_ok=ret_ok.reshape(N))
         return d.bank, d.buffer, jnp.stack([d.n_add, d.n_update, d.n_return, d.n_invalid,
-                                            d.n_add_failed]).astype(jnp.int32)
+                                            d.n_add_failed, d.n_return_trained, d.n_update_noop]).astype(jnp.int32)
 
     bank, buffer, ops = jax.lax.cond(flags.edits_bank, do_distill,
-                                     lambda bb: (bb[0], bb[1], jnp.zeros((5,), jnp.int32)), (bank, buffer))
+                                     lambda bb: (bb[0], bb[1], jnp.zeros((7,), jnp.int32)), (bank, buffer))
     n_add, n_upd, n_ret, n_inv = ops[0], ops[1], ops[2], ops[3]
     n_failed_ep = jnp.sum(~ep.success.astype(bool) & mask)
 
@@ -228,6 +230,7 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
         "extractor_ready": ready.astype(jnp.float32),
         "ops_add": n_add.astype(jnp.float32), "ops_update": n_upd.astype(jnp.float32),
         "ops_return": n_ret.astype(jnp.float32), "ops_invalid": n_inv.astype(jnp.float32),
+        "ops_return_trained": ops[5].astype(jnp.float32), "ops_update_noop": ops[6].astype(jnp.float32),
         "write_rate_failed": jnp.where(flags.edits_bank & (n_failed_ep > 0),
                                        ops[4] / jnp.maximum(n_failed_ep, 1), jnp.nan).astype(jnp.float32),
         "merged_entries": n_merged.astype(jnp.float32),

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from crl_jax.backends.llm.prompt_pieces import distill_prompt
 from crl_jax.extractor import buffer as buffer_lib
-from crl_jax.extractor.distill import ADD, UPDATE, DistillOut, apply_operations
+from crl_jax.extractor.distill import ADD, UPDATE, DistillOut, apply_operations, store_returns
 from crl_jax.extractor.ops_json import parse_operations_callback
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
@@ -42,7 +42,7 @@ def parse_responses(rt, resp, rlen):
 
 
 def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, episodes, keys, exp, exp_len, has_exp,
-            slots, mask) -> DistillOut:
+            slots, mask, return_value=None, return_ok=None) -> DistillOut:
     cfg = rt.cfg
     N = task_tokens.shape[0]
     prompts, plen = distill_prompts(rt, task_tokens, task_len, episodes, exp, exp_len, has_exp)
@@ -66,4 +66,9 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     n_invalid = jnp.sum(mask & ~ops["valid"])
     n_return = jnp.sum(valid & ~writes)
     n_failed = jnp.sum(writes & ~episodes.success.astype(bool))
-    return DistillOut(bank, buffer, n_add, n_update, n_return, n_invalid, n_failed)
+    n_ret_trained = jnp.int32(0)
+    if return_value is not None and cfg.extraction.return_samples > 0:  # a RETURN sample is its whole reply
+        buffer, stored = store_returns(buffer, valid & ~writes, prompts, plen, resp, rlen, logp, return_value,
+                                       return_ok, cfg.extraction.return_samples, jax.random.fold_in(key, 7), step)
+        n_ret_trained = jnp.sum(stored)
+    return DistillOut(bank, buffer, n_add, n_update, n_return, n_invalid, n_failed, n_ret_trained)
