@@ -121,10 +121,20 @@ def cmd_pretrain(args):
 
     cfg = _load_cfg(args)
     rt = build(cfg)
-    pretrain.prior_params(rt, log=print)
-    meta = os.path.join(pretrain.cache_dir(cfg), f"prior-{pretrain.prior_id(cfg)}.json")
+    shipped = pretrain.shipped_path(pretrain.prior_id(cfg))
+    params = pretrain.prior_params(rt, log=print, refit=args.refit)
+    meta = pretrain.prior_meta_path(cfg)
+    print(f"prior {pretrain.prior_id(cfg)}: {os.path.dirname(meta)}")
     with open(meta) as f:
         print(f.read())
+    if args.refit and os.path.exists(shipped):  # how close a fit on this machine comes to the shipped copy
+        import jax
+        import numpy as np
+
+        ref = pretrain.load_params(shipped, params)
+        diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(ref)))
+        print(f"largest |refit - shipped| parameter difference: {diff:.3g}")
 
 
 def cmd_demo(args):
@@ -182,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pt = sub.add_parser("pretrain", help="train (or load from the cache) the tiny models' prior (METHOD.md §6)")
     pt.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
+    pt.add_argument("--refit", action="store_true",
+                    help="fit again into the cache even if a cached or shipped copy exists (and compare)")
     pt.add_argument("overrides", nargs="*", metavar="key=value")
     pt.set_defaults(fn=cmd_pretrain)
 

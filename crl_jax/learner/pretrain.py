@@ -273,7 +273,8 @@ def _save(path: str, params: dict, meta: dict):
         json.dump(meta, f, indent=2)
 
 
-def _load(path: str, template: dict):
+def load_params(path: str, template: dict):
+    """Params saved by `_save` at `path`, shaped like `template` (a ValueError names a shape mismatch)."""
     leaves, treedef = jax.tree_util.tree_flatten(template)
     with np.load(path) as z:
         arrs = [z[f"leaf{i}"] for i in range(len(leaves))]
@@ -281,6 +282,9 @@ def _load(path: str, template: dict):
         if a.shape != t.shape:
             raise ValueError(f"prior cache {path}: leaf shape {a.shape} != {t.shape}")
     return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(a, t.dtype) for a, t in zip(arrs, leaves)])
+
+
+_load = load_params  # the name the LLM format prior's probes import
 
 
 def cached_or_trained(path: str, template, train, *, what: str, id_key: str, pid: str, log=None):
@@ -291,7 +295,7 @@ def cached_or_trained(path: str, template, train, *, what: str, id_key: str, pid
     say = log or (lambda m: print(m, file=sys.stderr, flush=True))
     if os.path.exists(path):
         try:
-            return _load(path, template)
+            return load_params(path, template)
         except (OSError, ValueError, KeyError) as e:
             say(f"{what} cache {path} unreadable ({e}); retraining")
     say(f"training the {what} {pid} (synthetic data only, once; cached in {os.path.dirname(path)})")
@@ -301,16 +305,45 @@ def cached_or_trained(path: str, template, train, *, what: str, id_key: str, pid
     return params
 
 
-def prior_params(rt, log=None) -> dict:
-    """The cached prior of `rt.cfg` ({"actor", "extractor"} params), trained on first use."""
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "priors")  # priors shipped with the package
+
+
+def shipped_path(pid: str) -> str:
+    """Where the package ships the prior `pid` (the embedded default's, so a fresh machine skips the fit)."""
+    return os.path.join(SHIPPED_DIR, f"prior-{pid}.npz")
+
+
+def prior_params(rt, log=None, *, refit: bool = False) -> dict:
+    """The prior of `rt.cfg` ({"actor", "extractor"} params): from the cache, else the copy the package ships
+    for this id (the embedded default's: the same function of the same key, fitted once), else trained on
+    first use and cached. `refit`: train into the cache even if a cached or shipped copy exists."""
     pid = prior_id(rt.cfg)
-    if pid in _MEMO:
+    if pid in _MEMO and not refit:
         return _MEMO[pid]
     template = {"actor": tr.split(tr.create(rt.actor_config, jax.random.key(0)))[1],
                 "extractor": tr.split(tr.create(rt.extractor_config, jax.random.key(0)))[1]}
-    _MEMO[pid] = cached_or_trained(os.path.join(cache_dir(rt.cfg), f"prior-{pid}.npz"), template,
-                                   lambda say: train_prior(rt), what="prior", id_key="prior_id", pid=pid, log=log)
+    path = os.path.join(cache_dir(rt.cfg), f"prior-{pid}.npz")
+    if refit:
+        for p in (path, path[:-4] + ".json"):
+            if os.path.exists(p):
+                os.remove(p)
+    elif not os.path.exists(path) and os.path.exists(shipped_path(pid)):
+        try:
+            _MEMO[pid] = load_params(shipped_path(pid), template)
+            return _MEMO[pid]
+        except (OSError, ValueError, KeyError) as e:  # a damaged install: fit into the cache instead
+            (log or (lambda m: print(m, file=sys.stderr, flush=True)))(f"shipped prior unreadable ({e}); retraining")
+    _MEMO[pid] = cached_or_trained(path, template, lambda say: train_prior(rt), what="prior", id_key="prior_id",
+                                   pid=pid, log=log)
     return _MEMO[pid]
+
+
+def prior_meta_path(cfg) -> str:
+    """The metadata file (id, first / last losses) of the prior a config starts from (cache, else shipped)."""
+    pid = prior_id(cfg)
+    own = os.path.join(cache_dir(cfg), f"prior-{pid}.json")
+    return own if os.path.exists(own) or not os.path.exists(shipped_path(pid)[:-4] + ".json") \
+        else shipped_path(pid)[:-4] + ".json"
 
 
 def _stacked(rows: PriorRows, steps: int) -> PriorRows:

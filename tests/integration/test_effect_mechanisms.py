@@ -1,6 +1,9 @@
 """The mechanisms the [effect] default rests on: compact view, tip window, similarity floor, grouped merge,
 pruning, the priors' synthetic data, the temperature of training log-probs, the sequence ratio, PPO epochs."""
 
+import json
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -237,3 +240,23 @@ def test_compact_distill_prompt_puts_moves_then_outcome_before_the_answer():
                            jnp.asarray([[a[1], 0, 0, 0]]), jnp.asarray([1]), jnp.asarray([True]))
     pad = rt.tokenizer.decode([rt.tokenizer.pad_id])
     assert _decode(rt, p[0], n[0]) == f"<DISTIL><L0><OLD><east><MOVES><north><west>{pad}{pad}<SUCC><OP>"
+
+
+def test_the_default_prior_ships_with_the_package(tmp_path, monkeypatch):
+    """The embedded default's prior is shipped (crl_jax/learner/priors), so a fresh machine skips the fit: its
+    id is the default config's (a change to what shapes the prior fails here: refit with
+    `crl-jax pretrain --refit` and ship the new file), and an empty cache loads it without training."""
+    cfg = load(None, [f"pretrain.cache_dir={tmp_path}"])
+    pid = pretrain.prior_id(cfg)
+    shipped = pretrain.shipped_path(pid)
+    assert os.path.exists(shipped), f"no shipped prior for the default's id {pid} in {pretrain.SHIPPED_DIR}"
+    with open(shipped[:-4] + ".json") as f:
+        assert json.load(f)["prior_id"] == pid
+    rt = build(cfg)
+    monkeypatch.setattr(pretrain, "train_prior", lambda rt: pytest.fail("the shipped prior should be loaded"))
+    monkeypatch.setattr(pretrain, "_MEMO", {})
+    params = pretrain.prior_params(rt)
+    leaves = jax.tree_util.tree_leaves(params)
+    assert leaves and all(np.isfinite(np.asarray(x)).all() for x in leaves)
+    assert pretrain.prior_meta_path(cfg) == shipped[:-4] + ".json"
+    assert not os.listdir(tmp_path)  # nothing written to the cache
