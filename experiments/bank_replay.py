@@ -23,7 +23,7 @@ chunk = loop.compiled_chunk(rt, 5)
 def replay_fn(env):
     def replay(task, e, el, k):
         s, _ = env.reset(k, task)
-        acts = token_to_action(e, rt.action_ids)
+        acts = token_to_action(e, rt.tiny.action_ids)
         def body(c, i):
             s, done, succ = c
             a = jnp.where(i < el, acts[i], 0)
