@@ -41,7 +41,7 @@ for c in range(cfg.steps // 5):
     m = jax.device_get(m)
     env_, renderer, key, tasks, tt, tl, exp, exp_len, has = pool_setup(rt, st, False)
     keys = episode_reset_keys(key, tasks.shape[0])
-    q = query_keys(rt, env_, renderer, key, tasks, tt, tl)
+    q = query_keys(rt.embedder, env_, renderer, key, tasks, tt, tl)
     b = st.bank
     v = np.asarray(b.valid)
     sim = np.asarray(b.keys @ q.T)  # [N, n]

@@ -39,10 +39,12 @@ import optax
 from flax import nnx
 
 from crl_jax import envs
+from crl_jax.actor.experience import bank_retriever
 from crl_jax.actor.rollout import Segments
 from crl_jax.backends.host.env import HostEnv, HostRenderer
 from crl_jax.backends.llm.answer import PrefilledParser
 from crl_jax.backends.llm.prompt_pieces import ActorPieces, DistillPieces
+from crl_jax.bank.retrieve import Retriever
 from crl_jax.config import Config, ConfigError, DistributedConfig, MeshConfig
 from crl_jax.envs.actions import AnswerParser
 from crl_jax.envs.base import Env
@@ -50,6 +52,7 @@ from crl_jax.envs.compact import CompactRenderer
 from crl_jax.envs.render import TokenRenderer
 from crl_jax.extractor.merge_step import MergePieces, Piece
 from crl_jax.learner import train_state as ts
+from crl_jax.learner.batches import PopBatch, make_pop_batch
 from crl_jax.learner.loss_fns import TurnBatch
 from crl_jax.models import transformer as tr
 from crl_jax.models.embed import HashedNgramEmbedder
@@ -170,6 +173,8 @@ class Runtime:
     extractor_tx: optax.GradientTransformation
     co_update: CoUpdate  # `train_state.make_co_update` with the path's two losses
     embedder: HashedNgramEmbedder  # retrieval keys and queries
+    retriever: Retriever  # `bank.retrieve` / `retrieve_best` with the `bank.*` hyperparameters bound
+    pop_batch: PopBatch  # `buffer.pop_batch` with `extraction.batch`, `cooldown`, `power` bound
     tiny: TinyParts | None = None  # the tiny models' pieces (built-in and host envs), else None
     llm: LLMParts | None = None  # the LLM path's pieces, else None
 
@@ -228,9 +233,13 @@ def optimizers(cfg: Config) -> tuple[optax.GradientTransformation, optax.Gradien
 def assemble(cfg: Config, *, actor_config: tr.TransformerConfig, extractor_config: tr.TransformerConfig,
              **fields) -> Runtime:
     """A Runtime from a path's own fields; what every path derives the same way from the config and the
-    model shapes (graph definitions, optimizers, the embedder) is added here."""
+    model shapes is added here: graph definitions, optimizers, the embedder, and the bank's retrieval and
+    the buffer's pop with their hyperparameters bound once (purejaxrl's `make_train`, flashbax's
+    `make_*_buffer`: the loop's functions then pass data only)."""
     actor_tx, extractor_tx = optimizers(cfg)
+    ec = cfg.extraction
     return Runtime(cfg=cfg, actor_config=actor_config, extractor_config=extractor_config,
                    actor_graphdef=graphdef(actor_config), extractor_graphdef=graphdef(extractor_config),
                    actor_tx=actor_tx, extractor_tx=extractor_tx, embedder=HashedNgramEmbedder(dim=cfg.bank.key_dim),
-                   **fields)
+                   retriever=bank_retriever(cfg.bank),
+                   pop_batch=make_pop_batch(batch=ec.batch, cooldown=ec.cooldown, power=ec.power), **fields)

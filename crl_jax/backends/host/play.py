@@ -75,10 +75,9 @@ def compiled(rt) -> Fns:
         tl = (rt.eval_task_len if heldout else rt.train_task_len)[:n]
 
         def eval_query(state, obs, obs_len):
-            q = query_from_observation(rt, tt, tl, obs, obs_len)
-            _, _, exp, exp_len, has = retrieve_entries(rt, state.bank, None, state.step, q,
-                                                            jnp.broadcast_to(state.flags.uses_bank, (n,)),
-                                                            diverse=False)
+            q = query_from_observation(rt.embedder, tt, tl, obs, obs_len)
+            _, _, exp, exp_len, has = retrieve_entries(rt.retriever, state.bank, None, state.step, q,
+                                                       jnp.broadcast_to(state.flags.uses_bank, (n,)), diverse=False)
             return exp, exp_len, has
 
         return jax.jit(_guard("eval_query", eval_query))
