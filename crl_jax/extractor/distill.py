@@ -48,7 +48,7 @@ def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, 
 
     Compact view: the moves are a fixed-width block of T tokens (PAD after the last move) right before
     the answer, so the entry's j-th token copies the block's j-th token at a fixed distance."""
-    d = rt.distill
+    d = rt.tiny.distill
     budget = rt.cfg.extraction.prompt_len
     compact = rt.cfg.rollout.view == "compact"
     moves, n_moves = episodes.action_tokens, episodes.turns
@@ -59,9 +59,9 @@ def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, 
 
     def one(tt, tl, moves, n_moves, ok, e, el, he):
         i = ok.astype(jnp.int32)
-        return build_distill_prompt(d["header"], (tt, tl), moves, n_moves, (d["outcome"][0][i], d["outcome"][1][i]),
-                                    e, jnp.where(he, el, 0), budget, trajectory_prefix=d["trajectory"],
-                                    retrieved_prefix=d["retrieved"], suffix=d["answer"],
+        return build_distill_prompt(d.header, (tt, tl), moves, n_moves, (d.outcome[0][i], d.outcome[1][i]),
+                                    e, jnp.where(he, el, 0), budget, trajectory_prefix=d.trajectory,
+                                    retrieved_prefix=d.retrieved, suffix=d.answer,
                                     pad_id=rt.tokenizer.pad_id, moves_last=compact)
 
     return jax.vmap(one)(task_tokens, task_len, moves, n_moves, success, exp, exp_len, has_exp)
@@ -119,10 +119,10 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,
                          stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id,
                          first_mix=cfg.extraction.op_explore)
-    allowed = rt.response_allowed(cfg.extraction.max_new_tokens)[None]
+    allowed = rt.tiny.response_allowed(cfg.extraction.max_new_tokens)[None]
     resp, logp, rlen = sample_tokens(rt.extractor_graphdef, eparams, prompts, plen, key, scfg, allowed)
     op, entry, entry_len, valid = jax.vmap(
-        lambda r, n: parse_constrained(r, n, rt.op_ids, rt.tokenizer.eos_id, cfg.bank.entry_len))(resp, rlen)
+        lambda r, n: parse_constrained(r, n, rt.tiny.op_ids, rt.tokenizer.eos_id, cfg.bank.entry_len))(resp, rlen)
     writes = mask & valid & ((op == ADD) | ((op == UPDATE) & has_exp))
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]  # the buffer may be wider (merge samples)
     pad2 = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))  # noqa: E731

@@ -43,10 +43,10 @@ def test_compact_prompt_layout_and_tip_window():
     assert int(obs_len) == 11
     text = _decode(rt, obs, obs_len)
     assert text.startswith("<r") and "@" in text
-    a = [int(x) for x in rt.action_ids]
+    a = [int(x) for x in rt.tiny.action_ids]
     exp = jnp.asarray([a[0], a[1], a[2], 0], jnp.int32)
     args = (rt.train_task_tokens[1], rt.train_task_len[1], exp, jnp.int32(3))
-    seg = rt.seg
+    seg = rt.tiny.seg
     # turn 1: the plan from move 1 on, 2 moves at most, right before the action marker
     p, n = build_prompt(*args, jnp.bool_(True), seg, 1, obs, obs_len, turn_marker=True)
     assert _decode(rt, p, n) == "<L1><t1>" + text + "<TIP><east><south><ACT>"
@@ -120,8 +120,8 @@ def test_prior_targets_copy_the_tip_or_stay_uniform():
     tgt = np.asarray(rows.target)
     hard = tgt.max(-1) == 1.0
     assert 0 < hard.sum() < 64
-    A = rt.action_ids.shape[0]
-    np.testing.assert_allclose(tgt[~hard][:, np.asarray(rt.action_ids)], 1.0 / A)
+    A = rt.tiny.action_ids.shape[0]
+    np.testing.assert_allclose(tgt[~hard][:, np.asarray(rt.tiny.action_ids)], 1.0 / A)
     for i in np.where(hard)[0][:8]:  # the target is the token right after the tip marker
         toks = list(np.asarray(rows.tokens[i])[: int(rows.lengths[i])])
         tip = toks.index(rt.tokenizer.extra_id("<TIP>"))
@@ -138,7 +138,7 @@ def test_temperature_training_logprobs_equal_sampled_ones():
     rt = build(cfg)
     st = loop.init_state(rt, jax.random.key(0), cfg)
     p = loop.prepare(rt, st)
-    ep = play(st.actor.graphdef, st.actor.params, rt.env, rt.renderer, rt.seg, rt.action_ids, jax.random.key(1),
+    ep = play(st.actor.graphdef, st.actor.params, rt.env, rt.renderer, rt.tiny.seg, rt.tiny.action_ids, jax.random.key(1),
               tasks=p.tasks, task_tokens=p.task_tokens, task_len=p.task_len, exp=p.exp, exp_len=p.exp_len,
               has_exp=p.has_exp, num_turns=rt.num_turns, temperature=0.7)
     N, T, P = ep.prompts.shape
@@ -146,7 +146,7 @@ def test_temperature_training_logprobs_equal_sampled_ones():
                   action_token=ep.action_tokens.reshape(-1), behavior_logp=ep.logp.reshape(-1),
                   advantages=jnp.ones((N * T,)), weight=ep.active.reshape(-1).astype(jnp.float32),
                   episode=jnp.repeat(jnp.arange(N), T))
-    allowed = action_allowed_mask(rt.action_ids, rt.vocab_size)
+    allowed = action_allowed_mask(rt.tiny.action_ids, rt.vocab_size)
     for temp, ok in ((0.7, True), (1.0, False)):
         _, (_, m) = actor_turn_loss(allowed, temperature=temp)(st.actor.graphdef, st.actor.params, b)
         assert (abs(float(m["approx_kl"])) < 1e-6) == ok, (temp, m["approx_kl"])
@@ -234,7 +234,7 @@ def test_compact_distill_prompt_puts_moves_then_outcome_before_the_answer():
     from crl_jax.learner.pretrain import _Moves
 
     rt = build(micro())
-    a = [int(x) for x in rt.action_ids]
+    a = [int(x) for x in rt.tiny.action_ids]
     ep = _Moves(action_tokens=jnp.asarray([[a[0], a[3], 0, 0]]), turns=jnp.asarray([2]))
     p, n = distill_prompts(rt, rt.train_task_tokens[:1], rt.train_task_len[:1], ep, jnp.asarray([True]),
                            jnp.asarray([[a[1], 0, 0, 0]]), jnp.asarray([1]), jnp.asarray([True]))

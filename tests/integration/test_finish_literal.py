@@ -39,7 +39,7 @@ def _scripted():
                                       jnp.ones((2, R), jnp.int32), jnp.array([2, 2]), jnp.full((2, R), -0.5),
                                       0, jnp.array([True, True]))
     assert ids.tolist() == [0, 1]
-    entry = jnp.broadcast_to(rt.action_ids[0], (2, L))
+    entry = jnp.broadcast_to(rt.tiny.action_ids[0], (2, L))
     keys = jax.random.normal(jax.random.key(1), (2, D))
     bank, slots = bank_lib.add_many(state.bank, entry, jnp.array([3, 3]), keys, jnp.zeros((2,), jnp.int32), 0,
                                     ids, jnp.array([True, True]))
@@ -53,7 +53,7 @@ def _scripted():
     p = loop.Prepared(tasks=tasks, task_tokens=rt.train_task_tokens[tasks], task_len=rt.train_task_len[tasks],
                       guided=has, q=jnp.concatenate([keys, keys]), bank=bank, slots=slot, exp=exp, exp_len=exp_len,
                       has_exp=has)
-    ep = play(state.actor.graphdef, state.actor.params, rt.env, rt.renderer, rt.seg, rt.action_ids,
+    ep = play(state.actor.graphdef, state.actor.params, rt.env, rt.renderer, rt.tiny.seg, rt.tiny.action_ids,
               jax.random.key(2), tasks=tasks, task_tokens=p.task_tokens, task_len=p.task_len, exp=exp,
               exp_len=exp_len, has_exp=has, num_turns=rt.num_turns, temperature=1.0)
     ep = ep._replace(success=jnp.asarray(SUCCESS), reward=jnp.asarray(SUCCESS, jnp.float32))  # the script
@@ -118,6 +118,6 @@ def test_finish_trains_return_decisions_with_the_free_value():
     np.testing.assert_array_equal(np.asarray(buf.reward_sum)[extra], 0.0)
     np.testing.assert_array_equal(np.asarray(buf.reward_count)[extra], 1)
     # the op token of each stored sample writes nothing: <RETURN>, or <UPDATE> with no retrieved entry
-    assert set(np.asarray(buf.response)[extra, 0].tolist()) <= {int(rt.op_ids[1]), int(rt.op_ids[2])}
+    assert set(np.asarray(buf.response)[extra, 0].tolist()) <= {int(rt.tiny.op_ids[1]), int(rt.tiny.op_ids[2])}
     # writes and their ids are the same as without it (RETURN samples are added after them)
     np.testing.assert_array_equal(new.bank.tokens, new0.bank.tokens)

@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import crl_jax.backends.llm as L
+from crl_jax import loop
 from crl_jax.config import load
 from crl_jax.infra.metrics import MetricsWriter, read_csv, rows_from_chunk
+from crl_jax.loop.runtime import build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,16 +34,16 @@ def test_smollm2_smoke_two_iterations(tmp_path, layers):
         # preset's format prior, one step each (CI time; the pipeline is the same as the preset's 8 + 8)
         f"actor.truncate_layers={layers}", f"extractor.truncate_layers={layers}"])
     t0 = time.time()
-    rt = L.build(cfg)
+    rt = build(cfg)
     assert rt.actor_config.num_layers == layers and rt.actor_config.vocab_size == 49152
-    state = L.init_state(rt, jax.random.key(0), cfg)
+    state = loop.init_state(rt, jax.random.key(0), cfg)
     # separate parameter copies of one checkpoint
     a = jax.tree_util.tree_leaves(state.actor.params)[0]
     e = jax.tree_util.tree_leaves(state.extractor.params)[0]
     assert a.dtype == jnp.bfloat16 and (np.asarray(a, np.float32) == np.asarray(e, np.float32)).all()
     assert a.unsafe_buffer_pointer() != e.unsafe_buffer_pointer()
     t1 = time.time()
-    state, metrics = L.compiled_chunk(rt, 2)(state, jnp.int32(2))
+    state, metrics = loop.compiled_chunk(rt, 2)(state, jnp.int32(2))
     metrics = jax.device_get(metrics)
     t2 = time.time()
     w = MetricsWriter(str(tmp_path), tensorboard=False)

@@ -167,6 +167,23 @@ def test_recent_penalty_and_never_is_not_recent():
     assert slots.tolist() == [[0]]  # -1 never counts as recent, even when step - (-1) <= recent_steps
 
 
+def test_make_retriever_binds_the_hyperparameters_once():
+    b = _filled([[1, 0.0], [1, 0.05], [0, 1]]).replace(last_retrieved_step=jnp.array([9, -1, -1]),
+                                                      total_credit_sum=jnp.array([0.0, 1.0, 0.0]),
+                                                      total_credit_count=jnp.array([0, 1, 0]))
+    q, task, mask = jnp.array([[1.0, 0.0], [0.0, 1.0]]), jnp.zeros(2, jnp.int32), jnp.array([True, False])
+    kw = dict(candidates=2, diversity_lambda=0.0, recent_steps=1, demote_p=1.0, min_similarity=0.5)
+    r = B.make_retriever(**kw, used_bonus=1e-6, credit_bonus=1e-4)
+    got = jax.jit(r.retrieve)(b, q, task, jax.random.key(0), 10, query_mask=mask)
+    want = B.retrieve(b, q, task, jax.random.key(0), 10, query_mask=mask, **kw)
+    chex.assert_trees_all_equal(got, want)
+    assert got[1].tolist() == [[1], [-1]]  # slot 0 was retrieved in the previous step: demoted (p = 1)
+    chex.assert_trees_all_equal(r.best(b, q, task),
+                                B.retrieve_best(b, q, task, min_similarity=0.5, used_bonus=1e-6, credit_bonus=1e-4))
+    # cosine 1 vs 0.9988: the credit bonus (1e-4) does not outweigh it; the floor 0.5 keeps slot 2 for query 2
+    assert [x.tolist() for x in r.best(b, q, task)] == [[0, 2], [True, True]]
+
+
 @pytest.mark.parametrize("p", [0.5, 0.2])
 def test_demotion_frequency_binomial(p):
     b = _filled([[1, 0.0], [1, 0.3], [0, 1]]).replace(last_retrieved_step=jnp.array([9, 9, -1]))

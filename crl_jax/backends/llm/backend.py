@@ -53,7 +53,7 @@ def _model(graphdef, cfg, host, key):
 
 
 def init_models(rt, cfg, k_a, k_e):
-    a_w, e_w = rt.actor_weights, rt.extractor_weights
+    a_w, e_w = rt.llm.actor_weights, rt.llm.extractor_weights
     if cfg.format_prior.enabled:  # METHOD.md §6: the same format prior for every method (cached)
         w = starting_weights(rt)
         a_w, e_w = w["actor"], w["extractor"]

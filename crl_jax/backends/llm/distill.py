@@ -27,7 +27,7 @@ from crl_jax.sampling import SamplerConfig, sample_tokens
 
 def distill_prompts(rt, task_tokens, task_len, ep, exp, exp_len, has_exp):
     """[N, Pd] prompts and [N] lengths (Pd = extraction.prompt_len)."""
-    p, budget, pad = rt.distill_pieces, rt.cfg.extraction.prompt_len, rt.tokenizer.pad_id
+    p, budget, pad = rt.llm.distill_pieces, rt.cfg.extraction.prompt_len, rt.tokenizer.pad_id
     return jax.vmap(lambda g, gl, o, ol, a, ac, s, e, el, he: distill_prompt(p, budget, g, gl, o, ol, a, ac, s, e, el,
                                                                              he, pad))(
         task_tokens, task_len, ep.obs, ep.obs_len, ep.actions, ep.active, ep.success, exp, exp_len, has_exp)
@@ -35,7 +35,7 @@ def distill_prompts(rt, task_tokens, task_len, ep, exp, exp_len, has_exp):
 
 def parse_responses(rt, resp, rlen):
     """Host callback: response tokens [N, R] -> op arrays (see `operations_to_arrays`)."""
-    tok, prefill = rt.tokenizer, rt.distill_pieces.prefill
+    tok, prefill = rt.tokenizer, rt.llm.distill_pieces.prefill
     # the prefill (e.g. '<answer>[') ends the prompt: the reply is read as its continuation
     decode = (lambda ids: prefill + tok.decode(ids)) if prefill else tok.decode
     return parse_operations_callback(resp, rlen, decode, tok.encode, rt.cfg.bank.entry_len)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 
 from crl_jax.config import LLMPromptConfig
+from crl_jax.extractor.merge_step import MergePieces
 from crl_jax.text import prompts
 from crl_jax.backends.llm.pieces import (
     Layout,
@@ -247,7 +248,7 @@ def distill_prompt(p: DistillPieces, budget: int, goal, goal_len, obs, obs_len, 
                          size=budget, pad_id=pad_id)
 
 
-def build_merge_pieces(tok, folder: str) -> dict:
+def build_merge_pieces(tok, folder: str) -> MergePieces:
     """Segments of the merge prompt in `crl_jax.extractor.merge.merge_family`'s layout (header, sep, context,
     entries, suffix): the chat of merge_system / merge_user cut at $context and $entries; `context` is the
     merge_context label (only present when lessons are carried), `sep` the text merge_entry puts before
@@ -266,4 +267,4 @@ def build_merge_pieces(tok, folder: str) -> dict:
         raise ValueError("merge_entry.txt: nothing may follow $entry (the separator goes before each lesson)")
     texts = {"header": cat(parts[:i_c]), "context": prompts.render("merge_context", folder),
              "entries": cat(parts[i_c + 1: i_e]), "suffix": cat(parts[i_e + 1:]), "sep": sep}
-    return {k: token_row(tok, t) for k, t in texts.items()}
+    return MergePieces(**{k: token_row(tok, t) for k, t in texts.items()})
