@@ -131,6 +131,26 @@ def test_bad_batch_raises():
         XB.pop_batch(XB.init(2, P, R), 3, 0)
 
 
+def test_make_buffer_ops_binds_the_hyperparameters_once():
+    ops = XB.make_buffer_ops(capacity=4, prompt_len=P, response_len=R, batch=2, cooldown=2, power=1.0)
+    buf = ops.init()
+    chex.assert_trees_all_equal(buf, XB.init(4, P, R))
+    buf, ids = ops.add_many(buf, *_rows([5, 6, 7])[:5], 0, jnp.ones(3, bool))
+    buf = ops.credit(buf, ids, jnp.array([1.0, -1.0, 0.5]), jnp.ones(3, jnp.int32), jnp.array([True, False, True]))
+    assert bool(ops.ready(buf)) and not bool(XB.ready(buf, 3))  # batch 2 bound: two samples pending
+    weights = []
+    for step in (3, 4, 6):  # then sample 2 alone, credited again: inside the cooldown of 2, then after it
+        got = jax.jit(ops.pop_batch)(buf, step)
+        chex.assert_trees_all_equal(got, XB.pop_batch(buf, 2, step, cooldown=2, power=1.0))
+        weights.append(got[1]["weight"].tolist())
+        buf = ops.credit(got[0], ids, jnp.full(3, 0.25), jnp.ones(3, jnp.int32), jnp.array([False, False, True]))
+        assert not bool(ops.ready(buf))
+    assert got[1]["sample_id"].tolist() == [2, -1]
+    np.testing.assert_allclose(weights, [[1.0, 1.0], [0.0, 0.0], [1 / 3, 0.0]], rtol=1e-6)  # (1 + 2)^-1
+    with pytest.raises(ValueError):
+        XB.make_buffer_ops(capacity=2, prompt_len=P, response_len=R, batch=3)
+
+
 def test_store_returns_literal():
     """RETURN decisions (extraction.return_samples): at most `num` of the candidates, in episode order,
     each stored with the response length given (the op token alone) and credited once with its value."""
