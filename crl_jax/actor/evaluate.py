@@ -30,7 +30,7 @@ def pool_setup(rt, state, heldout: bool):
     tl = (rt.eval_task_len if heldout else rt.train_task_len)[:n]
     key = jax.random.fold_in(jax.random.key(EVAL_KEY), int(heldout))
     q = query_keys(rt.embedder, env, renderer, key, tasks, tt, tl)
-    _, _, exp, exp_len, has = retrieve_entries(rt.retriever, state.bank, None, state.step, q,
+    _, _, exp, exp_len, has = retrieve_entries(rt.bank_ops, state.bank, None, state.step, q,
                                                jnp.broadcast_to(state.flags.uses_bank, (n,)), diverse=False)
     return env, renderer, key, tasks, tt, tl, exp, exp_len, has
 

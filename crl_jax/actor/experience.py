@@ -8,8 +8,8 @@ The same functions serve every path (built-in envs, host adapters, LLMs) and bot
 - `query_from_observation` / `query_keys`: the retrieval query = embedding of the task text followed by
   the rendered first observation (new entries are keyed by the same vector, so queries and keys share one
   space);
-- `bank_retriever` / `retrieve_entries`: the config's retrieval, bound once; one entry (or none, below
-  `bank.min_similarity`) per guided rollout.
+- `retrieve_entries`: the config's retrieval (bound once: a Runtime's `rt.bank_ops`); one entry (or none,
+  below `bank.min_similarity`) per guided rollout.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import jax.numpy as jnp
 
 from crl_jax import bank as bank_lib
 from crl_jax.actor.rollout import first_observation
-from crl_jax.config import BankConfig
 from crl_jax.text.packing import pack_segments
 
 
@@ -44,20 +43,10 @@ def query_keys(embedder, env, renderer, key, tasks, task_tokens, task_len):
     return query_from_observation(embedder, task_tokens, task_len, obs, obs_len)
 
 
-def bank_retriever(b: BankConfig) -> bank_lib.Retriever:
-    """The retrieval of a `bank.*` config with its hyperparameters bound once (a Runtime's `rt.retriever`):
-    training with diversity re-ranking (`candidates`, `diversity_lambda`, `recent_steps`, `demote_p`,
-    `shared_ties`), evaluation's top-1 (`eval_prefer_used`: similarity ties broken toward the best-credited,
-    then the most used entry); both above the `min_similarity` floor (-1: none)."""
-    floor = b.min_similarity if b.min_similarity > -1.0 else None
-    return bank_lib.make_retriever(top_k=1, candidates=b.candidates, diversity_lambda=b.diversity_lambda,
-                                   recent_steps=b.recent_steps, demote_p=b.demote_p, min_similarity=floor,
-                                   shared_ties=b.shared_ties, used_bonus=1e-6 if b.eval_prefer_used else 0.0,
-                                   credit_bonus=1e-4 if b.eval_prefer_used else 0.0)
-
-
-def retrieve_entries(retriever: bank_lib.Retriever, bank, key, step, q, guided, *, diverse: bool = True):
-    """-> (bank, slots [N], exp [N, L], exp_len [N], has_exp [N]) for a flat guided mask [N].
+def retrieve_entries(retriever: bank_lib.BankOps | bank_lib.Retriever, bank, key, step, q, guided, *,
+                     diverse: bool = True):
+    """-> (bank, slots [N], exp [N, L], exp_len [N], has_exp [N]) for a flat guided mask [N]; `retriever`: the
+    bound retrieval, a Runtime's `rt.bank_ops` (`crl_jax.backends.base.bank_ops`) or a `bank.make_retriever`.
 
     diverse: the training retrieval (`retriever.retrieve`: diversity re-ranking, usage bookkeeping).
     Otherwise evaluation's greedy top-1 (`retriever.best`; the bank unchanged)."""

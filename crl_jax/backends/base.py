@@ -17,9 +17,11 @@ depends on the models and the environment:
 Host-side environments (`backends.host.driver`) use the built-in backend's pieces for everything but the rollouts,
 which their driver plays on the host between jitted turns.
 
-Every function takes the Runtime `rt` first. A `Runtime` is the static part of a run, one class for every
-path: the fields every path has once (config, tokenizer, environments and renderers, task rows, merge
-pieces, model shapes and graph definitions, optimizers, co-update, embedder, backend), and the path's own
+Every function takes the Runtime `rt` first (but `buffer_dims`, which the Runtime is assembled from). A
+`Runtime` is the static part of a run, one class for every path: the fields every path has once (config,
+tokenizer, environments and renderers, task rows, merge pieces, model shapes and graph definitions,
+optimizers, co-update, embedder, backend, and the bank's and the sample buffer's functions with their
+hyperparameters bound, `rt.bank_ops` and `rt.buffer_ops`), and the path's own
 pieces in a typed struct: `rt.tiny` (`TinyParts`: the tiny models' constrained vocabulary and prompt
 pieces; built-in and host environments) or `rt.llm` (`LLMParts`: chat prompt pieces, reply parser,
 loaded weights). It is built by `crl_jax.loop.runtime.build(cfg)` (one entry, one cache, the one
@@ -39,20 +41,19 @@ import optax
 from flax import nnx
 
 from crl_jax import envs
-from crl_jax.actor.experience import bank_retriever
 from crl_jax.actor.rollout import Segments
 from crl_jax.backends.host.env import HostEnv, HostRenderer
 from crl_jax.backends.llm.answer import PrefilledParser
 from crl_jax.backends.llm.prompt_pieces import ActorPieces, DistillPieces
-from crl_jax.bank.retrieve import Retriever
-from crl_jax.config import Config, ConfigError, DistributedConfig, MeshConfig
+from crl_jax.bank.ops import BankOps, make_bank_ops
+from crl_jax.config import BankConfig, Config, ConfigError, DistributedConfig, MeshConfig
 from crl_jax.envs.actions import AnswerParser
 from crl_jax.envs.base import Env
 from crl_jax.envs.compact import CompactRenderer
 from crl_jax.envs.render import TokenRenderer
+from crl_jax.extractor.buffer import BufferOps, make_buffer_ops
 from crl_jax.extractor.merge_step import MergePieces, Piece
 from crl_jax.learner import train_state as ts
-from crl_jax.learner.batches import PopBatch, make_pop_batch
 from crl_jax.learner.loss_fns import TurnBatch
 from crl_jax.models import transformer as tr
 from crl_jax.models.embed import HashedNgramEmbedder
@@ -77,7 +78,8 @@ class Backend:
     evaluate_pool: Callable
     # (rt, cfg, actor key, extractor key) -> (actor nnx model, extractor nnx model)
     init_models: Callable
-    # (rt, cfg) -> (prompt width, response width) of the extractor's sample buffer
+    # (cfg, merge pieces) -> (prompt width, response width) of the extractor's sample buffer (bound into
+    # `rt.buffer_ops` when the Runtime is assembled)
     buffer_dims: Callable
     # (rt, episodes) -> extra per-step metrics of this path
     episode_metrics: Callable
@@ -173,8 +175,8 @@ class Runtime:
     extractor_tx: optax.GradientTransformation
     co_update: CoUpdate  # `train_state.make_co_update` with the path's two losses
     embedder: HashedNgramEmbedder  # retrieval keys and queries
-    retriever: Retriever  # `bank.retrieve` / `retrieve_best` with the `bank.*` hyperparameters bound
-    pop_batch: PopBatch  # `buffer.pop_batch` with `extraction.batch`, `cooldown`, `power` bound
+    bank_ops: BankOps  # the bank's functions with the `bank.*` hyperparameters bound (`bank_ops`)
+    buffer_ops: BufferOps  # the sample buffer's with `extraction.*` and the backend's widths bound
     tiny: TinyParts | None = None  # the tiny models' pieces (built-in and host envs), else None
     llm: LLMParts | None = None  # the LLM path's pieces, else None
 
@@ -230,16 +232,33 @@ def optimizers(cfg: Config) -> tuple[optax.GradientTransformation, optax.Gradien
             ts.make_optimizer(lr=e.lr, weight_decay=e.weight_decay, grad_clip=e.grad_clip))
 
 
+def bank_ops(b: BankConfig) -> BankOps:
+    """The bank of a `bank.*` config with its hyperparameters bound once (a Runtime's `rt.bank_ops`): shape
+    (`capacity`, `entry_len`, `key_dim`), `eviction`, pruning below `prune_below`, training retrieval with
+    diversity re-ranking (`candidates`, `diversity_lambda`, `recent_steps`, `demote_p`, `shared_ties`),
+    evaluation's top-1 (`eval_prefer_used`: similarity ties broken toward the best-credited, then the most
+    used entry); both retrievals above the `min_similarity` floor (-1: none)."""
+    return make_bank_ops(capacity=b.capacity, entry_len=b.entry_len, key_dim=b.key_dim, eviction=b.eviction,
+                         prune_below=b.prune_below, top_k=1, candidates=b.candidates,
+                         diversity_lambda=b.diversity_lambda, recent_steps=b.recent_steps, demote_p=b.demote_p,
+                         min_similarity=b.min_similarity if b.min_similarity > -1.0 else None,
+                         shared_ties=b.shared_ties, used_bonus=1e-6 if b.eval_prefer_used else 0.0,
+                         credit_bonus=1e-4 if b.eval_prefer_used else 0.0)
+
+
 def assemble(cfg: Config, *, actor_config: tr.TransformerConfig, extractor_config: tr.TransformerConfig,
              **fields) -> Runtime:
     """A Runtime from a path's own fields; what every path derives the same way from the config and the
-    model shapes is added here: graph definitions, optimizers, the embedder, and the bank's retrieval and
-    the buffer's pop with their hyperparameters bound once (purejaxrl's `make_train`, flashbax's
-    `make_*_buffer`: the loop's functions then pass data only)."""
+    model shapes is added here: graph definitions, optimizers, the embedder, and the bank's and the sample
+    buffer's functions with their hyperparameters bound once (purejaxrl's `make_train`, flashbax's
+    `make_*_buffer`: the loop's functions then pass data only; the buffer's widths are the backend's
+    `buffer_dims`)."""
     actor_tx, extractor_tx = optimizers(cfg)
     ec = cfg.extraction
+    prompt_len, response_len = fields["backend"].buffer_dims(cfg, fields["merge_pieces"])
+    buffer = make_buffer_ops(capacity=ec.buffer_capacity, prompt_len=prompt_len, response_len=response_len,
+                             batch=ec.batch, cooldown=ec.cooldown, power=ec.power)
     return Runtime(cfg=cfg, actor_config=actor_config, extractor_config=extractor_config,
                    actor_graphdef=graphdef(actor_config), extractor_graphdef=graphdef(extractor_config),
                    actor_tx=actor_tx, extractor_tx=extractor_tx, embedder=HashedNgramEmbedder(dim=cfg.bank.key_dim),
-                   retriever=bank_retriever(cfg.bank),
-                   pop_batch=make_pop_batch(batch=ec.batch, cooldown=ec.cooldown, power=ec.power), **fields)
+                   bank_ops=bank_ops(cfg.bank), buffer_ops=buffer, **fields)

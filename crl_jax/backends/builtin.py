@@ -44,9 +44,9 @@ def init_models(rt, cfg, k_a, k_e):
     return actor, extractor
 
 
-def buffer_dims(rt, cfg):
+def buffer_dims(cfg, merge_pieces):
     # Merge generations share the buffer with distillations: room for both.
-    return (max(cfg.extraction.prompt_len, merge_prompt_len(cfg, rt.merge_pieces)),
+    return (max(cfg.extraction.prompt_len, merge_prompt_len(cfg, merge_pieces)),
             max(cfg.extraction.max_new_tokens, merge_response_len(cfg)))
 
 

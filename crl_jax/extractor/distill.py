@@ -67,9 +67,10 @@ def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, 
     return jax.vmap(one)(task_tokens, task_len, moves, n_moves, success, exp, exp_len, has_exp)
 
 
-def apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, step, eviction: str):
+def apply_operations(bank_ops: bank_lib.BankOps, bank, writes, op, entry, entry_len, keys, slots, ids, key, step):
     """Apply operations in order (a `lax.scan` over the leading axis [M]): where `writes`, `op` ADD adds
-    `entry` under `keys` (family 0), UPDATE rewrites the entry in `slots`; `ids` become the entries' source.
+    `entry` under `keys` (family 0; a full bank evicts by `bank_ops`' policy), UPDATE rewrites the entry in
+    `slots`; `ids` become the entries' source. `bank_ops`: a Runtime's `rt.bank_ops`.
 
     An update must not rewrite a slot that an earlier add of the same call has reused: it is pinned to the
     insertion counter the entry had before the call (`bank.update(expect_order=...)`).
@@ -78,9 +79,8 @@ def apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, 
 
     def apply_one(b, xs):
         w, o, e, el, k, s, sid, order, i = xs
-        added, _ = bank_lib.add(b, e, el, k, jnp.int32(0), step, sid, eviction=eviction,
-                                rng=jax.random.fold_in(key, 1000 + i))
-        updated = bank_lib.update(b, s, e, el, step, sid, expect_order=order)
+        added, _ = bank_ops.add(b, e, el, k, jnp.int32(0), step, sid, rng=jax.random.fold_in(key, 1000 + i))
+        updated = bank_ops.update(b, s, e, el, step, sid, expect_order=order)
         nb = jax.tree_util.tree_map(lambda a, u: jnp.where(o == ADD, a, u), added, updated)
         return jax.tree_util.tree_map(lambda n_, o_: jnp.where(w, n_, o_), nb, b), None
 
@@ -126,10 +126,10 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     writes = mask & valid & ((op == ADD) | ((op == UPDATE) & has_exp))
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]  # the buffer may be wider (merge samples)
     pad2 = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))  # noqa: E731
-    buffer, ids = buffer_lib.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step,
-                                      writes)
+    buffer, ids = rt.buffer_ops.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step,
+                                         writes)
 
-    bank = apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, step, cfg.bank.eviction)
+    bank = apply_operations(rt.bank_ops, bank, writes, op, entry, entry_len, keys, slots, ids, key, step)
     n_ret_trained = jnp.int32(0)
     if return_value is not None and cfg.extraction.return_samples > 0:
         buffer, stored = store_returns(buffer, mask & valid & ~writes, prompts, plen, resp,

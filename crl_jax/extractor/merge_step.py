@@ -15,7 +15,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.extractor.merge import merge_bank
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
@@ -74,8 +73,8 @@ def merge_into(rt, bank, buffer, key, step, *, generate_fn, max_out: int, parse_
     flat = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), s)
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]
     pad2 = lambda x, n, v=0: jnp.pad(x, ((0, 0), (0, n - x.shape[1])), constant_values=v)  # noqa: E731
-    buffer, _ = buffer_lib.add_many(buffer, pad2(flat.prompt, P), flat.prompt_len, pad2(flat.response, R),
-                                    flat.response_len, pad2(flat.logp, R, 0.0), step, flat.mask)
+    buffer, _ = rt.buffer_ops.add_many(buffer, pad2(flat.prompt, P), flat.prompt_len, pad2(flat.response, R),
+                                       flat.response_len, pad2(flat.logp, R, 0.0), step, flat.mask)
     return bank, buffer, jnp.sum(flat.mask).astype(jnp.int32)
 
 

@@ -15,14 +15,10 @@ The same stacking carries the prior-preserving auxiliary rows (fresh synthetic r
 
 from __future__ import annotations
 
-from typing import Callable
-
 import jax
 import jax.numpy as jnp
 
 from crl_jax import losses
-from crl_jax.extractor import buffer as buffer_lib
-from crl_jax.extractor.buffer import SampleBuffer
 from crl_jax.learner import pretrain
 from crl_jax.learner.loss_fns import TurnBatch
 from crl_jax.learner.train_state import ExtractorBatch
@@ -86,19 +82,11 @@ def stack_minibatches(batch, key, epochs: int, minibatches: int):
     return jax.tree_util.tree_map(lambda x: x[idx], batch)
 
 
-PopBatch = Callable[[SampleBuffer, jax.Array], tuple[SampleBuffer, dict]]  # (buffer, step) -> (buffer, batch)
-
-
-def make_pop_batch(*, batch: int, cooldown: int = 1, power: float = 0.5) -> PopBatch:
-    """`buffer.pop_batch` with its hyperparameters bound once (a Runtime's `rt.pop_batch`, from `extraction.*`):
-    (buffer, step) -> (buffer, the `batch` oldest rewarded samples with their repeat weights)."""
-    return lambda buffer, step: buffer_lib.pop_batch(buffer, batch, step, cooldown=cooldown, power=power)
-
-
 def extractor_batch(rt, buffer, step, ready, key=None, epochs: int = 1):
-    """Pop the oldest rewarded samples (`rt.pop_batch`, when `ready`) -> (buffer, ExtractorBatch); `epochs` > 1
-    stacks the batch that many times (leading axis) for as many optimizer steps; `key` draws the auxiliary rows."""
-    popped, b = rt.pop_batch(buffer, step)
+    """Pop the oldest rewarded samples (`rt.buffer_ops.pop_batch`, when `ready`) -> (buffer, ExtractorBatch);
+    `epochs` > 1 stacks the batch that many times (leading axis) for as many optimizer steps; `key` draws the
+    auxiliary rows."""
+    popped, b = rt.buffer_ops.pop_batch(buffer, step)
     buffer = jax.tree_util.tree_map(lambda n, o: jnp.where(ready, n, o), popped, buffer)
     tokens, total = jax.vmap(lambda p, pl, r, rl: pack_segments([(p, pl), (r, rl)]))(
         b["prompt"], b["prompt_len"], b["response"], b["response_len"])

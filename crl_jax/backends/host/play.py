@@ -76,7 +76,7 @@ def compiled(rt) -> Fns:
 
         def eval_query(state, obs, obs_len):
             q = query_from_observation(rt.embedder, tt, tl, obs, obs_len)
-            _, _, exp, exp_len, has = retrieve_entries(rt.retriever, state.bank, None, state.step, q,
+            _, _, exp, exp_len, has = retrieve_entries(rt.bank_ops, state.bank, None, state.step, q,
                                                        jnp.broadcast_to(state.flags.uses_bank, (n,)), diverse=False)
             return exp, exp_len, has
 

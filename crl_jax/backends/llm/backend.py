@@ -63,9 +63,9 @@ def init_models(rt, cfg, k_a, k_e):
     return actor, extractor
 
 
-def buffer_dims(rt, cfg):
+def buffer_dims(cfg, merge_pieces):
     # merge samples share the buffer with distillations: prompts as wide as the longer of the two
-    return max(cfg.extraction.prompt_len, merge_prompt_len(cfg, rt.merge_pieces)), cfg.extraction.max_new_tokens
+    return max(cfg.extraction.prompt_len, merge_prompt_len(cfg, merge_pieces)), cfg.extraction.max_new_tokens
 
 
 def episode_metrics(rt, ep: LLMEpisodes) -> dict:

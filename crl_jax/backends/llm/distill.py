@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 
 from crl_jax.backends.llm.prompt_pieces import distill_prompt
-from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.extractor.distill import ADD, UPDATE, DistillOut, apply_operations, store_returns
 from crl_jax.extractor.ops_json import parse_operations_callback
 from crl_jax.sampling import SamplerConfig, sample_tokens
@@ -55,11 +54,12 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     writes = op_ok.any(1)
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]
     pad2 = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))
-    buffer, ids = buffer_lib.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step, writes)
+    buffer, ids = rt.buffer_ops.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step,
+                                         writes)
     rep = lambda x: jnp.repeat(x, M, axis=0)  # noqa: E731
     flat = lambda x: x.reshape((N * M,) + x.shape[2:])  # noqa: E731
-    bank = apply_operations(bank, flat(op_ok), flat(ops["op"]), flat(ops["entry"]), flat(ops["entry_len"]),
-                            rep(keys), rep(slots), rep(ids), key, step, cfg.bank.eviction)
+    bank = apply_operations(rt.bank_ops, bank, flat(op_ok), flat(ops["op"]), flat(ops["entry"]),
+                            flat(ops["entry_len"]), rep(keys), rep(slots), rep(ids), key, step)
     valid = ops["valid"] & mask
     n_add = jnp.sum(op_ok & (ops["op"] == ADD))
     n_update = jnp.sum(op_ok & (ops["op"] == UPDATE))
