@@ -204,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the embedded default: CRL vs GRPO over seeds, table and plot")
     d.add_argument("--seeds", type=int, default=5)
     d.add_argument("--methods", default="crl,grpo",
-                   help="comma-separated methods (static_online too: +50%% time, over the 10-minute budget)")
+                   help="comma-separated methods: crl, grpo, static_online, offline, exp_only, or grpo_scratch (GRPO "
+                        "without the prior); each beyond crl,grpo adds ~30-50%% time, over the 10-minute budget")
     d.add_argument("--steps", type=int, default=None)
     d.add_argument("--out", default="runs/demo")
     d.add_argument("--config", default=None)

@@ -25,6 +25,10 @@ DIFFS = (("crl with exp - grpo (held-in)", ("crl", "late.eval_heldin_with_exp"),
           ("grpo", "late.eval_heldin_without_exp")),
          ("crl - static_online, with exp (held-in)", ("crl", "late.eval_heldin_with_exp"),
           ("static_online", "late.eval_heldin_with_exp")),
+         ("crl with exp - grpo_scratch (held-in)", ("crl", "late.eval_heldin_with_exp"),
+          ("grpo_scratch", "late.eval_heldin_without_exp")),
+         ("grpo_scratch - grpo (held-in)", ("grpo_scratch", "late.eval_heldin_without_exp"),
+          ("grpo", "late.eval_heldin_without_exp")),
          ("crl with - without exp (held-in)", ("crl", "late.eval_heldin_with_exp"), ("crl", "late.eval_heldin_without_exp")),
          ("crl with exp - grpo (held-out)", ("crl", "late.eval_heldout_with_exp"),
           ("grpo", "late.eval_heldout_without_exp")),
@@ -66,13 +70,20 @@ def comparison_table(results: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+# Demo methods beyond the config's `method` values: GRPO from scratch (no prior, so no auxiliary loss either;
+# METHOD.md §6 reports the baseline both ways). It is a second compiled program (+~1.5 min) and 5 more runs.
+EXTRA_METHODS = {"grpo_scratch": {"method": "grpo", "pretrain.enabled": False}}
+
+
 def demo(*, seeds: int = 5, out: str = "runs/demo", steps: int | None = None, config: str | None = None,
          overrides: list[str] = (), methods=("crl", "grpo")) -> dict:
     """Every method over `seeds` seeds (`crl_jax.infra.sweep`), each run alone with the single-run program (one
     compilation for every run: method flags are traced; on 2 CPU cores ~1.5x faster than vmapping the
-    seeds), run folders `out/<method>/seed<s>/` (resumable), then the comparison table and plot."""
+    seeds), run folders `out/<method>/seed<s>/` (resumable), then the comparison table and plot. `methods`
+    are config methods (crl, grpo, static_online, ...) or `EXTRA_METHODS` names (grpo_scratch)."""
     ov = _flat_overrides(list(overrides) + ([f"steps={steps}"] if steps else []))
-    spec = SweepSpec(config=config, overrides=ov, grid={"method": list(methods)}, seeds=tuple(range(seeds)),
+    points = {m: dict(EXTRA_METHODS.get(m, {"method": m})) for m in methods}
+    spec = SweepSpec(config=config, overrides=ov, points=points, seeds=tuple(range(seeds)),
                      per_point=True, vmap_seeds=False)
     members = expand(spec, out)
     run_sweep(spec, out, chunk=members[0].cfg.checkpoint_every, plot=False, log=lambda *_: None)
