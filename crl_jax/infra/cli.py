@@ -116,13 +116,20 @@ def cmd_bank(args):
 
 def cmd_pretrain(args):
     """Train the prior of a config (synthetic data only) into the cache and print its id and losses."""
+    from crl_jax.backends.llm.runtime import is_llm_config
+    from crl_jax.infra.run import runtime_of
     from crl_jax.learner import pretrain
     from crl_jax.loop.runtime import build
 
     cfg = _load_cfg(args)
-    rt = build(cfg)
-    pretrain.prior_params(rt, log=print)
-    meta = os.path.join(pretrain.cache_dir(cfg), f"prior-{pretrain.prior_id(cfg)}.json")
+    if is_llm_config(cfg):  # the LLM path's format prior (crl_jax/backends/llm/format_prior.py)
+        from crl_jax.backends.llm import format_prior as fpm
+
+        fpm.format_prior_adapters(runtime_of(cfg), log=print)
+        meta = os.path.join(pretrain.cache_dir(cfg), f"format-prior-{fpm.format_prior_id(cfg)}.json")
+    else:
+        pretrain.prior_params(build(cfg), log=print)
+        meta = os.path.join(pretrain.cache_dir(cfg), f"prior-{pretrain.prior_id(cfg)}.json")
     with open(meta) as f:
         print(f.read())
 
@@ -180,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("overrides", nargs="*", metavar="key=value")
     c.set_defaults(fn=cmd_config)
 
-    pt = sub.add_parser("pretrain", help="train (or load from the cache) the tiny models' prior (METHOD.md §6)")
+    pt = sub.add_parser("pretrain", help="train (or load from the cache) the prior of a config (METHOD.md §6): "
+                        "the tiny models' prior, or an LLM config's format prior")
     pt.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
     pt.add_argument("overrides", nargs="*", metavar="key=value")
     pt.set_defaults(fn=cmd_pretrain)
