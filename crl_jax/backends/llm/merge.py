@@ -11,6 +11,7 @@ as it was and writes no sample. At most `MAX_OPS` (3) lessons come out of a chun
 
 from __future__ import annotations
 
+from crl_jax.backends.llm.adapters import extractor_params
 from crl_jax.extractor.merge_step import maybe_merge as _maybe_merge
 from crl_jax.extractor.merge_step import merge_into, merge_prompt_len
 from crl_jax.extractor.ops_json import MAX_OPS, parse_operations_callback
@@ -39,9 +40,10 @@ def run_merge(rt, bank, buffer, eparams, key, step):
     cfg = rt.cfg
     scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,
                          stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id)
+    params = extractor_params(eparams)  # LoRA: base + adapters, once for the whole merge
 
     def generate_fn(prompt, plen, k):
-        return sample_tokens(rt.extractor_graphdef, eparams, prompt, plen, k, scfg)
+        return sample_tokens(rt.extractor_graphdef, params, prompt, plen, k, scfg)
 
     return merge_into(rt, bank, buffer, key, step, generate_fn=generate_fn, max_out=max_out(cfg),
                       parse_fn=lambda r, n: parse_merge_response(rt, r, n))
