@@ -160,6 +160,8 @@ class LLMPromptConfig:
     #                       token holding ">" (the end of "</answer>"); the parser then reads a bare first move
     extractor_example: bool = True  # one worked example game + JSON answer before the distillation prompt
     extractor_prefill: bool = True  # distillation replies start with distill_prefill.txt ('<answer>[')
+    merge_example: bool = True  # one worked example merge (merge_example_lessons.txt -> merge_example_reply.txt)
+    merge_prefill: bool = True  # merge replies start with merge_prefill.txt ('<answer>[')
 
 
 @dataclass(frozen=True)

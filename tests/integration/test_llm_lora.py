@@ -159,6 +159,7 @@ def test_format_prior_adapters_start_both_modes_at_the_same_weights(shared):
             np.testing.assert_allclose(x, y, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow  # one compiled LLM chunk: ~3.5 min on 2 shared CPU cores
 def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(shared, tmp_path):
     rt, cfg = shared
     chunk = L.compiled_chunk(rt, 1)
