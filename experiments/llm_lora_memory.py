@@ -24,7 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def nbytes(tree) -> int:
-    return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
+    size = lambda x: 8 if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else np.dtype(x.dtype).itemsize  # noqa: E731
+    return int(sum(np.prod(x.shape) * size(x) for x in jax.tree_util.tree_leaves(tree)))
 
 
 def state_bytes(rt, cfg) -> dict:
