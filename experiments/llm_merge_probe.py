@@ -1,6 +1,6 @@
 """How many merge replies of SmolLM2 (with the format prior) parse, per merge-prompt variant (issue #17 item 3).
 
-    python experiments/llm_merge_probe.py --lessons PROBE.jsonl [--keys 3] [--tokens 128] [--adapters F.npz]
+    python experiments/llm_merge_probe.py --lessons PROBE.jsonl [--keys 3] [--key0 100] [--tokens 128] [--adapters F.npz]
         [--variant "llm_prompt.merge_example=false llm_prompt.merge_prefill=false"] ... [key=value ...]
 
 Banks: the lessons the extractor wrote in `experiments/llm_probe.py` runs (its `--json` lines carry
@@ -81,7 +81,7 @@ def probe(a, banks, overrides):
         bank = make_bank(rt, lessons)
         for k in range(a.keys):
             records.clear()
-            applied = int(run(bank, jax.random.key(100 + k)))
+            applied = int(run(bank, jax.random.key(a.key0 + k)))
             jax.effects_barrier()
             done = [(r, n) for r, n in records if n > 0]
             out["chunks"] += len(done)
@@ -106,6 +106,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lessons", required=True, help="JSON lines of experiments/llm_probe.py (extract_lessons)")
     ap.add_argument("--keys", type=int, default=3, help="sampling keys per bank")
+    ap.add_argument("--key0", type=int, default=100, help="the first sampling key (keys key0 .. key0 + keys - 1)")
     ap.add_argument("--tokens", type=int, default=128, help="merge reply budget (extraction.max_new_tokens)")
     ap.add_argument("--show", type=int, default=4)
     ap.add_argument("--adapters", default="", help="a format-prior cache file (format-prior-<id>.npz)")
