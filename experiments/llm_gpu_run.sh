@@ -60,7 +60,8 @@ HALF=$(( BUDGET_S / 2 ))
 for METHOD in crl grpo; do
   T0=$(date +%s)
   # shellcheck disable=SC2086
-  timeout "$HALF" "$PY" -m crl_jax.infra.cli train "${COMMON[@]}" --method "$METHOD" --out "$OUT_DIR/$METHOD" ${EXTRA:-} \
+  # EXTRA right after the other overrides: argparse takes the key=value list in one piece, before the options
+  timeout "$HALF" "$PY" -m crl_jax.infra.cli train "${COMMON[@]}" ${EXTRA:-} --method "$METHOD" --out "$OUT_DIR/$METHOD" \
     > "$OUT_DIR/$METHOD.log" 2>&1
   echo "$METHOD: rc=$? in $(( $(date +%s) - T0 ))s"; tail -n 5 "$OUT_DIR/$METHOD.log"
 done
