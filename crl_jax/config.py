@@ -110,6 +110,13 @@ class ExtractorConfig:
     merge_max_chunks: int = 0  # chunks (of the oldest entries) rewritten per merge; 0 = the whole bank
     epochs: int = 2  # optimizer steps on each ready extractor batch (the batch repeated; off-policy ratios)
     min_entry: int = 1  # tiny path: EOS is not allowed before this many entry tokens follow an op token
+    return_samples: int = 0  # RETURN decisions per step trained with the reward of playing without an entry
+    #                          (the group's free outcomes; our extension, crl_jax/losses/credit.py): the paper
+    #                          trains writes only, so an extractor that stops writing cannot learn to write
+    #                          again; 0 = the paper
+    op_explore: float = 0.0  # tiny path: the op token is drawn from (1 - this) * policy + this * uniform over the
+    #                          ops (exploration: every op keeps >= this/3 probability, so a collapsed extractor
+    #                          still tries ADD; behaviour log-probs are the mixture's); 0 = off (the paper)
 
 
 @dataclass(frozen=True)

@@ -229,6 +229,10 @@ def validate(cfg) -> None:
     need(cfg.loss.minibatches >= 1, "loss.minibatches", "must be >= 1")
     need(cfg.loss.target_kl >= 0.0, "loss.target_kl", "must be >= 0 (0 = off)")
     need(cfg.extraction.epochs >= 1, "extraction.epochs", "must be >= 1")
+    need(0.0 <= cfg.extraction.op_explore < 1.0, "extraction.op_explore", "must be in [0, 1) (0 = off)")
+    need(cfg.extraction.op_explore == 0.0 or cfg.extractor.preset == "tiny", "extraction.op_explore",
+         "explores the tiny extractor's op token; an LLM's reply has no op token first (set 0)")
+    need(cfg.extraction.return_samples >= 0, "extraction.return_samples", "must be >= 0 (0 = RETURN is never trained)")
     need(0 <= cfg.extraction.min_entry < cfg.extraction.max_new_tokens, "extraction.min_entry",
          "must be in [0, extraction.max_new_tokens)")
     need(cfg.rollout.tip_window >= 0, "rollout.tip_window", "must be >= 0 (0 = the whole entry)")

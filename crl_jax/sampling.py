@@ -51,6 +51,8 @@ class SamplerConfig:
     stop_tokens: tuple = ()  # token ids that end a row (kept in the output)
     pad_id: int = 0  # written after a row stops
     attn_block: int = 128  # cache slots per attention block: decode reads only the blocks written so far
+    first_mix: float = 0.0  # exploration of the FIRST token: sample it from (1 - m) * p + m * uniform(allowed);
+    #                         its log-prob is the mixture's (the behaviour policy). 0 = off
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -63,6 +65,8 @@ class SamplerConfig:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.attn_block < 1:
             raise ValueError(f"attn_block must be >= 1, got {self.attn_block}")
+        if not 0.0 <= self.first_mix < 1.0:
+            raise ValueError(f"first_mix must be in [0, 1), got {self.first_mix}")
         object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
 
 
@@ -96,14 +100,27 @@ def filter_logits(logits, *, temperature=1.0, top_k=0, top_p=1.0, allowed=None):
     return x
 
 
-def sample_logits(logits, key, *, temperature=1.0, top_k=0, top_p=1.0, allowed=None):
-    """logits [B, V] -> (tokens [B] int32, logprobs [B] float32) under the filtered distribution."""
+def mix_uniform(logp, mix):
+    """log of (1 - mix) * p + mix * uniform over the tokens p allows (logp > -inf): logp [B, V], mix [] in [0, 1)."""
+    ok = jnp.isfinite(logp)
+    n = jnp.maximum(ok.sum(-1, keepdims=True), 1).astype(jnp.float32)
+    mixed = jnp.logaddexp(jnp.log1p(-mix) + logp, jnp.log(mix) - jnp.log(n))
+    return jnp.where(ok, mixed, -jnp.inf)
+
+
+def sample_logits(logits, key, *, temperature=1.0, top_k=0, top_p=1.0, allowed=None, mix=None):
+    """logits [B, V] -> (tokens [B] int32, logprobs [B] float32) under the filtered distribution.
+
+    mix: None, or a [] weight in [0, 1): sample from that mixture of the filtered distribution with the
+    uniform one over its support (`mix_uniform`), and return the mixture's log-prob (not with greedy)."""
     chex.assert_rank(logits, 2)
     if temperature == 0.0:
         x = filter_logits(logits, allowed=allowed)
         tok = jnp.argmax(x, axis=-1)
     else:
         x = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p, allowed=allowed)
+        if mix is not None:
+            x = mix_uniform(jax.nn.log_softmax(x, axis=-1), mix)
         tok = jax.random.categorical(key, x, axis=-1)
     logp = jax.nn.log_softmax(x, axis=-1)
     return tok.astype(jnp.int32), jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
@@ -168,8 +185,9 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
     def body(c):
         i, logits, cache, key, done, out_t, out_lp = c
         sk = jax.random.fold_in(key, i)
+        mix = jnp.where(i == 0, jnp.float32(cfg.first_mix), 0.0) if cfg.first_mix > 0 else None
         tok, lp = sample_logits(logits, sk, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                                allowed=_allowed_at(allowed_tokens, i, B))
+                                allowed=_allowed_at(allowed_tokens, i, B), mix=mix)
         tok = jnp.where(done, cfg.pad_id, tok)
         lp = jnp.where(done, 0.0, lp)
         out_t = jax.lax.dynamic_update_index_in_dim(out_t, tok, i, axis=1)

@@ -23,7 +23,7 @@ chunk = loop.compiled_chunk(rt, 5)
 def replay_fn(env):
     def replay(task, e, el, k):
         s, _ = env.reset(k, task)
-        acts = token_to_action(e, rt.action_ids)
+        acts = token_to_action(e, rt.tiny.action_ids)
         def body(c, i):
             s, done, succ = c
             a = jnp.where(i < el, acts[i], 0)
@@ -41,7 +41,7 @@ for c in range(cfg.steps // 5):
     m = jax.device_get(m)
     env_, renderer, key, tasks, tt, tl, exp, exp_len, has = pool_setup(rt, st, False)
     keys = episode_reset_keys(key, tasks.shape[0])
-    q = query_keys(rt, env_, renderer, key, tasks, tt, tl)
+    q = query_keys(rt.embedder, env_, renderer, key, tasks, tt, tl)
     b = st.bank
     v = np.asarray(b.valid)
     sim = np.asarray(b.keys @ q.T)  # [N, n]

@@ -17,8 +17,10 @@ import os
 import jax
 import numpy as np
 
-import crl_jax.backends.llm as L
+from crl_jax import loop
+from crl_jax.backends.llm.dry_run import dry_run
 from crl_jax.config import load
+from crl_jax.loop.runtime import build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +31,7 @@ def nbytes(tree) -> int:
 
 
 def state_bytes(rt, cfg) -> dict:
-    st = jax.eval_shape(lambda k: L.init_state(rt, k, cfg), jax.random.key(0))
+    st = jax.eval_shape(lambda k: loop.init_state(rt, k, cfg), jax.random.key(0))
     return {"params": nbytes((st.actor.params, st.extractor.params)),
             "opt_state": nbytes((st.actor.opt_state, st.extractor.opt_state)),
             "models": nbytes((st.actor, st.extractor)), "loop_state": nbytes(st)}
@@ -41,12 +43,12 @@ def main(argv=None):
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(argv)
     cfg = load(a.config, a.overrides + ["format_prior.enabled=false"])
-    d = L.dry_run(cfg)
+    d = dry_run(cfg)
     out = {"dry_run": {"state_bytes": d["state_bytes"],
                        **{k: {f: d[k][f] for f in ("num_params", "param_bytes", "opt_bytes", "adapter_params",
                                                    "adapter_bytes", "adapter_opt_bytes")}
                           for k in ("actor", "extractor")}}}
-    rt = L.build(cfg)
+    rt = build(cfg)
     for mode in (False, True):
         c = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, train=mode))
         out["eval_shape_" + ("lora" if mode else "full")] = state_bytes(rt, c)

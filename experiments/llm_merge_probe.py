@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import crl_jax.backends.llm as L
 from crl_jax import bank as bank_lib
+from crl_jax import loop
 from crl_jax.backends.llm import merge as llm_merge
 from crl_jax.backends.llm.adapters import extractor_params
 from crl_jax.backends.llm.prompt_pieces import merge_prefill
@@ -31,6 +31,7 @@ from crl_jax.config import load
 from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.extractor.merge_step import merge_into
 from crl_jax.extractor.ops_json import parse_operations_with_stats
+from crl_jax.loop.runtime import build
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,12 +55,12 @@ def probe(a, banks, overrides):
           "extraction.prompt_len=1024", f"extraction.max_new_tokens={a.tokens}", "rollout.max_action_tokens=16",
           "format_prior.enabled=true"] + overrides
     cfg = load(os.path.join(ROOT, "experiments", "configs", "smollm2_room.yaml"), ov)
-    rt = L.build(cfg)
+    rt = build(cfg)
     if a.adapters:
         from crl_jax.backends.llm import format_prior as fpm
 
         fpm._MEMO[fpm.format_prior_id(rt.cfg)] = fpm._load(a.adapters, fpm.adapter_template(rt))
-    state = L.init_state(rt, jax.random.key(0), cfg)
+    state = loop.init_state(rt, jax.random.key(0), cfg)
     params = jax.jit(extractor_params)(state.extractor.params)
     tok = rt.tokenizer
     scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,

@@ -7,7 +7,7 @@ import glob
 import sys
 import jax, jax.numpy as jnp, numpy as np
 
-import crl_jax.backends.llm as L
+from crl_jax.loop.runtime import build
 from crl_jax.backends.llm import format_prior as fpm
 from crl_jax.config import load
 from crl_jax.models import lora, transformer as tr
@@ -15,11 +15,11 @@ ov = ["env.max_turns=1", "actor.dtype=float32", "extractor.dtype=float32", "env.
       "rollout.groups=1", "rollout.group_size=2", "bank.capacity=64", "rollout.max_action_tokens=16",
       "extraction.prompt_len=1024", "extraction.max_new_tokens=64", "format_prior.actor_steps=8", "format_prior.extractor_steps=8"]
 cfg = load("experiments/configs/smollm2_room.yaml", ov)
-rt = L.build(cfg)
+rt = build(cfg)
 tok = rt.tokenizer
 path = sys.argv[1] if len(sys.argv) > 1 else glob.glob("/tmp/crl_fp_cache/format-prior-*.npz")[0]
 ad = fpm._load(path, fpm.adapter_template(rt))
-base = jax.tree_util.tree_map(jnp.asarray, rt.extractor_weights)
+base = jax.tree_util.tree_map(jnp.asarray, rt.llm.extractor_weights)
 s = lora.scale(cfg.lora.rank, cfg.lora.alpha)
 toks, mask = jax.jit(lambda k: fpm.extractor_rows(rt, k, 8))(jax.random.key(123))
 off, (A, R), _ = fpm.op_target(rt)

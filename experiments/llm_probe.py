@@ -25,8 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import crl_jax.backends.llm as L
+from crl_jax import loop
 from crl_jax.backends.llm.adapters import actor_params, extractor_params
+from crl_jax.loop.runtime import build
 from crl_jax.backends.llm.distill import distill_prompts, parse_responses
 from crl_jax.backends.llm.rollout import play
 from crl_jax.config import load
@@ -66,14 +67,14 @@ def probe(a, overrides: list[str]) -> dict:
     ov += overrides
     cfg = load(os.path.join(ROOT, "experiments", "configs", "smollm2_room.yaml"), ov)
     t0 = time.time()
-    rt = L.build(cfg)
+    rt = build(cfg)
     if a.adapters:
         from crl_jax.backends.llm import format_prior as fpm
 
         fpm._MEMO[fpm.format_prior_id(rt.cfg)] = fpm._load(a.adapters, fpm.adapter_template(rt))
         cfg = dataclasses.replace(cfg, format_prior=dataclasses.replace(cfg.format_prior, enabled=True))
     t_prior = time.time()
-    state = L.init_state(rt, jax.random.key(0), cfg)
+    state = loop.init_state(rt, jax.random.key(0), cfg)
     if cfg.format_prior.enabled:
         from crl_jax.backends.llm import format_prior as fpm
 

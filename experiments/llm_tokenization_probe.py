@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import crl_jax.backends.llm as L
+from crl_jax.loop.runtime import build
 from crl_jax.backends.llm.prompt_pieces import actor_head, user_turn
 from crl_jax.config import load
 from crl_jax.models import transformer as tr
@@ -40,9 +40,9 @@ def main(argv=None):
           "rollout.max_action_tokens=16", "extraction.prompt_len=1024", "extraction.max_new_tokens=64"]
     ov += (["env.params.dark=false"] if a.lit else []) + a.overrides
     cfg = load(os.path.join(ROOT, "experiments", "configs", "smollm2_room.yaml"), ov)
-    rt = L.build(cfg)
-    tok, p, N = rt.tokenizer, rt.actor_pieces, a.episodes
-    params = jax.tree_util.tree_map(jnp.asarray, rt.actor_weights)
+    rt = build(cfg)
+    tok, p, N = rt.tokenizer, rt.llm.actor_pieces, a.episodes
+    params = jax.tree_util.tree_map(jnp.asarray, rt.llm.actor_weights)
     tasks = jnp.arange(N, dtype=jnp.int32) % cfg.env.num_train_tasks
     states, _ = jax.vmap(rt.env.reset)(jax.random.split(jax.random.key(0), N), tasks)
     z = jnp.zeros((cfg.bank.entry_len,), jnp.int32)

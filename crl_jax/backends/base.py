@@ -1,4 +1,4 @@
-"""The backend protocol: what differs between the paths that run the one iteration of `crl_jax.loop`.
+"""The backend protocol: what every path's functions receive (`Runtime`) and provide (`Backend`).
 
 `crl_jax.loop` holds METHOD.md §2 once (tasks and retrieval, credit, distillation, pruning, the co-update,
 the merge, the metrics, the evaluation schedule, the state). A `Backend` supplies the pieces whose form
@@ -17,13 +17,47 @@ depends on the models and the environment:
 Host-side environments (`backends.host.driver`) use the built-in backend's pieces for everything but the rollouts,
 which their driver plays on the host between jitted turns.
 
-Every function takes the Runtime `rt` first; a Runtime carries its backend as `rt.backend`.
+Every function takes the Runtime `rt` first (but `buffer_dims`, which the Runtime is assembled from). A
+`Runtime` is the static part of a run, one class for every path: the fields every path has once (config,
+tokenizer, environments and renderers, task rows, merge pieces, model shapes and graph definitions,
+optimizers, co-update, embedder, backend, and the bank's and the sample buffer's functions with their
+hyperparameters bound, `rt.bank_ops` and `rt.buffer_ops`), and the path's own
+pieces in a typed struct: `rt.tiny` (`TinyParts`: the tiny models' constrained vocabulary and prompt
+pieces; built-in and host environments) or `rt.llm` (`LLMParts`: chat prompt pieces, reply parser,
+loaded weights). It is built by `crl_jax.loop.runtime.build(cfg)` (one entry, one cache, the one
+`normalise` below), from `crl_jax.loop.runtime` (tiny) or `crl_jax.backends.llm.runtime` (LLM).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from crl_jax import envs
+from crl_jax.actor.rollout import Segments
+from crl_jax.backends.host.env import HostEnv, HostRenderer
+from crl_jax.backends.llm.answer import PrefilledParser
+from crl_jax.backends.llm.prompt_pieces import ActorPieces, DistillPieces
+from crl_jax.bank.ops import BankOps, make_bank_ops
+from crl_jax.config import BankConfig, Config, ConfigError, DistributedConfig, MeshConfig
+from crl_jax.envs.actions import AnswerParser
+from crl_jax.envs.base import Env
+from crl_jax.envs.compact import CompactRenderer
+from crl_jax.envs.render import TokenRenderer
+from crl_jax.extractor.buffer import BufferOps, make_buffer_ops
+from crl_jax.extractor.merge_step import MergePieces, Piece
+from crl_jax.learner import train_state as ts
+from crl_jax.learner.loss_fns import TurnBatch
+from crl_jax.models import transformer as tr
+from crl_jax.models.embed import HashedNgramEmbedder
+from crl_jax.text.tokenizers import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -44,9 +78,187 @@ class Backend:
     evaluate_pool: Callable
     # (rt, cfg, actor key, extractor key) -> (actor nnx model, extractor nnx model)
     init_models: Callable
-    # (rt, cfg) -> (prompt width, response width) of the extractor's sample buffer
+    # (cfg, merge pieces) -> (prompt width, response width) of the extractor's sample buffer (bound into
+    # `rt.buffer_ops` when the Runtime is assembled)
     buffer_dims: Callable
     # (rt, episodes) -> extra per-step metrics of this path
     episode_metrics: Callable
     # compiled chunks donate the input state (two LLMs with optimizer states do not fit twice in memory)
     donate: bool = False
+
+
+# ------------------------------------------------------------------------------------------------
+# The Runtime: the static part of a run (nothing here is traced; what the loop carries is `LoopState`)
+
+Renderer = TokenRenderer | CompactRenderer | HostRenderer  # observation -> (tokens [Lo], length)
+# (actor state, extractor state, actor batch, extractor batch) -> (actor state, extractor state, metrics)
+CoUpdate = Callable[[ts.TrainState, ts.TrainState, ts.ActorBatch | TurnBatch, ts.ExtractorBatch],
+                    tuple[ts.TrainState, ts.TrainState, dict]]
+
+
+class DistillTokens(NamedTuple):
+    """The tiny distillation prompt's fixed pieces (`crl_jax.extractor.ops.build_distill_prompt`)."""
+
+    header: Piece
+    trajectory: Piece
+    retrieved: Piece
+    answer: Piece
+    outcome: Piece  # (tokens [2, W], lengths [2]): row 0 the failure line, row 1 the success line
+
+
+@dataclass(frozen=True, eq=False)
+class TinyParts:
+    """The tiny models' pieces (built-in envs and host adapters): one token per action, three operation
+    tokens, the actor prompt's segments and the distillation prompt's pieces as token arrays."""
+
+    seg: Segments  # actor prompt pieces (tip, turn markers, action prompt)
+    action_ids: jax.Array  # [A] token of each action
+    op_ids: jax.Array  # [3] tokens of <ADD>, <UPDATE>, <RETURN>
+    distill: DistillTokens
+    vocab_size: int
+    eos_id: int
+    min_entry: int  # extraction.min_entry: entry tokens an extractor response must write before it may stop
+
+    def response_masks(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Extractor responses (distillation and merge): first token an operation, then `min_entry` entry
+        tokens (actions only), then actions, operations (each starts / ends an entry) or EOS
+        -> (first [V], early [V], rest [V]) bool."""
+        return response_masks(self.vocab_size, self.op_ids, self.action_ids, self.eos_id)
+
+    def response_allowed(self, num_tokens: int) -> jax.Array:
+        """[num_tokens, V] per-step mask for the sampler."""
+        first, early, rest = self.response_masks()
+        off = jnp.arange(num_tokens)[:, None]
+        m = self.min_entry
+        return jnp.where(off == 0, first[None], jnp.where(off <= m, early[None], rest[None]))
+
+
+def response_masks(vocab_size, op_ids, action_ids, eos_id):
+    """(first [V], early [V], rest [V]) bool masks of extractor responses (see `TinyParts.response_masks`)."""
+    first = jnp.zeros((vocab_size,), bool).at[op_ids].set(True)
+    early = jnp.zeros((vocab_size,), bool).at[action_ids].set(True)
+    return first, early, first.at[action_ids].set(True).at[eos_id].set(True)
+
+
+@dataclass(frozen=True, eq=False)
+class LLMParts:
+    """The LLM path's pieces: chat-template prompt pieces, the reply parser and stop tokens, loaded weights."""
+
+    actor_pieces: ActorPieces
+    distill_pieces: DistillPieces
+    answer_parser: AnswerParser | PrefilledParser  # reply tokens [R], length -> action index (-1: invalid)
+    actor_stop_tokens: tuple[int, ...]  # token ids that end an actor reply (`backends.llm.answer.reply_stop_tokens`)
+    actor_weights: nnx.State | None  # host params (numpy leaves), or None: random init
+    extractor_weights: nnx.State | None
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: the compiled-chunk cache key
+class Runtime:
+    cfg: Config  # normalised (`normalise`): read seed, steps, method and ablation switches from the run's config
+    backend: Backend  # the path's pieces of the one iteration
+    tokenizer: Tokenizer
+    env: Env | HostEnv  # training pool
+    eval_env: Env | HostEnv  # held-out pool
+    renderer: Renderer
+    eval_renderer: Renderer
+    train_task_tokens: jax.Array  # [num_train_tasks, Lt] task segment of each level
+    train_task_len: jax.Array  # [num_train_tasks]
+    eval_task_tokens: jax.Array  # [num_eval_tasks, Lt]
+    eval_task_len: jax.Array
+    merge_pieces: MergePieces
+    num_turns: int  # min(env.max_turns, the env's own step limit)
+    actor_config: tr.TransformerConfig
+    extractor_config: tr.TransformerConfig
+    actor_graphdef: nnx.GraphDef
+    extractor_graphdef: nnx.GraphDef
+    actor_tx: optax.GradientTransformation  # built once: static parts of the train states' treedef
+    extractor_tx: optax.GradientTransformation
+    co_update: CoUpdate  # `train_state.make_co_update` with the path's two losses
+    embedder: HashedNgramEmbedder  # retrieval keys and queries
+    bank_ops: BankOps  # the bank's functions with the `bank.*` hyperparameters bound (`bank_ops`)
+    buffer_ops: BufferOps  # the sample buffer's with `extraction.*` and the backend's widths bound
+    tiny: TinyParts | None = None  # the tiny models' pieces (built-in and host envs), else None
+    llm: LLMParts | None = None  # the LLM path's pieces, else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+
+def normalise(cfg: Config) -> Config:
+    """The config a Runtime is built from and cached by: the fields that do not shape the compiled program
+    set to fixed values. Seeds enter through the run key, run lengths as traced arguments, the method and
+    its ablation switches as the traced `LoopState.flags`; host-only fields and the mesh (placement:
+    `crl_jax.infra.sharding`) are the run driver's. So all of them share one Runtime and one program."""
+    return dataclasses.replace(cfg, seed=0, steps=0, checkpoint_every=1, keep_checkpoints=1, method="crl",
+                               loss=dataclasses.replace(cfg.loss, group_split=True, advantage="split"),
+                               extraction=dataclasses.replace(cfg.extraction, merge=True),
+                               bank=dataclasses.replace(cfg.bank, offline_path=""),
+                               distributed=DistributedConfig(), mesh=MeshConfig())
+
+
+def builtin_envs(cfg: Config) -> tuple[Env, Env]:
+    """(training pool, held-out pool) of a built-in JAX environment."""
+    try:
+        env = envs.make(cfg.env.name, pool="train", num_tasks=cfg.env.num_train_tasks, pool_seed=cfg.env.pool_seed,
+                        **cfg.env.params)
+        eval_env = envs.make(cfg.env.name, pool="eval", num_tasks=cfg.env.num_eval_tasks,
+                             pool_seed=cfg.env.pool_seed, **cfg.env.params)
+    except (TypeError, KeyError, ValueError) as e:
+        raise ConfigError(f"env: cannot make {cfg.env.name!r} with params {cfg.env.params}: {e}") from None
+    return env, eval_env
+
+
+def pad_rows(rows: list[list[int]], width: int | None = None, pad: int = 0) -> tuple[jax.Array, jax.Array]:
+    """Token rows -> (tokens [R, width] right-padded with `pad`, lengths [R]); width: the longest row (>= 1)."""
+    width = width or max(1, max(len(r) for r in rows))
+    out = np.full((len(rows), width), pad, np.int32)
+    for i, r in enumerate(rows):
+        if len(r) > width:
+            raise ValueError(f"token row of length {len(r)} exceeds width {width}")
+        out[i, : len(r)] = r
+    return jnp.asarray(out), jnp.asarray([len(r) for r in rows], jnp.int32)
+
+
+def graphdef(mcfg: tr.TransformerConfig) -> nnx.GraphDef:
+    """The static graph of a model of this shape (no parameters are materialised)."""
+    return nnx.graphdef(nnx.eval_shape(lambda: tr.create(mcfg, jax.random.key(0))))
+
+
+def optimizers(cfg: Config) -> tuple[optax.GradientTransformation, optax.GradientTransformation]:
+    """(actor, extractor) AdamW transformations of the config."""
+    a, e = cfg.actor, cfg.extractor
+    return (ts.make_optimizer(lr=a.lr, weight_decay=a.weight_decay, grad_clip=a.grad_clip),
+            ts.make_optimizer(lr=e.lr, weight_decay=e.weight_decay, grad_clip=e.grad_clip))
+
+
+def bank_ops(b: BankConfig) -> BankOps:
+    """The bank of a `bank.*` config with its hyperparameters bound once (a Runtime's `rt.bank_ops`): shape
+    (`capacity`, `entry_len`, `key_dim`), `eviction`, pruning below `prune_below`, training retrieval with
+    diversity re-ranking (`candidates`, `diversity_lambda`, `recent_steps`, `demote_p`, `shared_ties`),
+    evaluation's top-1 (`eval_prefer_used`: similarity ties broken toward the best-credited, then the most
+    used entry); both retrievals above the `min_similarity` floor (-1: none)."""
+    return make_bank_ops(capacity=b.capacity, entry_len=b.entry_len, key_dim=b.key_dim, eviction=b.eviction,
+                         prune_below=b.prune_below, top_k=1, candidates=b.candidates,
+                         diversity_lambda=b.diversity_lambda, recent_steps=b.recent_steps, demote_p=b.demote_p,
+                         min_similarity=b.min_similarity if b.min_similarity > -1.0 else None,
+                         shared_ties=b.shared_ties, used_bonus=1e-6 if b.eval_prefer_used else 0.0,
+                         credit_bonus=1e-4 if b.eval_prefer_used else 0.0)
+
+
+def assemble(cfg: Config, *, actor_config: tr.TransformerConfig, extractor_config: tr.TransformerConfig,
+             **fields) -> Runtime:
+    """A Runtime from a path's own fields; what every path derives the same way from the config and the
+    model shapes is added here: graph definitions, optimizers, the embedder, and the bank's and the sample
+    buffer's functions with their hyperparameters bound once (purejaxrl's `make_train`, flashbax's
+    `make_*_buffer`: the loop's functions then pass data only; the buffer's widths are the backend's
+    `buffer_dims`)."""
+    actor_tx, extractor_tx = optimizers(cfg)
+    ec = cfg.extraction
+    prompt_len, response_len = fields["backend"].buffer_dims(cfg, fields["merge_pieces"])
+    buffer = make_buffer_ops(capacity=ec.buffer_capacity, prompt_len=prompt_len, response_len=response_len,
+                             batch=ec.batch, cooldown=ec.cooldown, power=ec.power)
+    return Runtime(cfg=cfg, actor_config=actor_config, extractor_config=extractor_config,
+                   actor_graphdef=graphdef(actor_config), extractor_graphdef=graphdef(extractor_config),
+                   actor_tx=actor_tx, extractor_tx=extractor_tx, embedder=HashedNgramEmbedder(dim=cfg.bank.key_dim),
+                   bank_ops=bank_ops(cfg.bank), buffer_ops=buffer, **fields)

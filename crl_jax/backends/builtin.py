@@ -23,7 +23,7 @@ from crl_jax.models import transformer as tr
 
 
 def play_episodes(rt, state, p, key):
-    return play(state.actor.graphdef, state.actor.params, rt.env, rt.renderer, rt.seg, rt.action_ids, key,
+    return play(state.actor.graphdef, state.actor.params, rt.env, rt.renderer, rt.tiny.seg, rt.tiny.action_ids, key,
                 tasks=p.tasks, task_tokens=p.task_tokens, task_len=p.task_len, exp=p.exp, exp_len=p.exp_len,
                 has_exp=p.has_exp, num_turns=rt.num_turns, temperature=rt.cfg.actor.temperature,
                 turn_marker=rt.cfg.rollout.turn_marker)
@@ -44,9 +44,9 @@ def init_models(rt, cfg, k_a, k_e):
     return actor, extractor
 
 
-def buffer_dims(rt, cfg):
+def buffer_dims(cfg, merge_pieces):
     # Merge generations share the buffer with distillations: room for both.
-    return (max(cfg.extraction.prompt_len, merge_prompt_len(cfg, rt.merge_pieces)),
+    return (max(cfg.extraction.prompt_len, merge_prompt_len(cfg, merge_pieces)),
             max(cfg.extraction.max_new_tokens, merge_response_len(cfg)))
 
 

@@ -1,9 +1,15 @@
 """Bank retrieval with diversity re-ranking (METHOD.md §2 step 9). Exported by `crl_jax.bank`.
 
 Shapes: N = bank capacity, D = key dim, Q = queries, C = candidates, K = top_k.
+
+`retrieve` / `retrieve_best` take their hyperparameters as keyword arguments; `make_retriever(...)` binds
+them once (flashbax's `make_*_buffer`) into a `Retriever` whose functions take data only.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
 
 import chex
 import jax
@@ -129,3 +135,29 @@ def retrieve_best(bank: ExperienceBank, query_keys, query_task, *, min_similarit
     best = jnp.argmax(jnp.where(eligible, score, -jnp.inf), axis=1)
     found = jnp.any(eligible, axis=1)
     return jnp.where(found, best, -1).astype(jnp.int32), found
+
+
+class Retriever(NamedTuple):
+    """`retrieve` and `retrieve_best` with their hyperparameters bound (`make_retriever`):
+
+    - `retrieve(bank, query_keys [Q,D], query_task [Q], rng, step, query_mask=None)`
+      -> (bank, slots [Q,K], found [Q,K]) (training: diversity re-ranking, usage bookkeeping);
+    - `best(bank, query_keys [Q,D], query_task [Q], query_mask=None)` -> (slots [Q], found [Q])
+      (evaluation: greedy top-1, the bank unchanged)."""
+
+    retrieve: Callable[..., tuple[ExperienceBank, jax.Array, jax.Array]]
+    best: Callable[..., tuple[jax.Array, jax.Array]]
+
+
+def make_retriever(*, top_k: int = 1, candidates: int = 16, diversity_lambda=0.4, recent_steps=1, demote_p=0.5,
+                   min_similarity=None, shared_ties: bool = False, used_bonus: float = 0.0,
+                   credit_bonus: float = 0.0) -> Retriever:
+    """A `Retriever`: `retrieve` with top_k, candidates, diversity_lambda, recent_steps, demote_p,
+    min_similarity and shared_ties bound; `best` (`retrieve_best`) with min_similarity, used_bonus and
+    credit_bonus bound (their meaning: those functions' docstrings)."""
+    return Retriever(
+        retrieve=functools.partial(retrieve, top_k=top_k, candidates=candidates, diversity_lambda=diversity_lambda,
+                                   recent_steps=recent_steps, demote_p=demote_p, min_similarity=min_similarity,
+                                   shared_ties=shared_ties),
+        best=functools.partial(retrieve_best, min_similarity=min_similarity, used_bonus=used_bonus,
+                               credit_bonus=credit_bonus))

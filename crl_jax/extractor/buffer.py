@@ -15,9 +15,16 @@ Accounting (all cumulative scalars):
   buffer was full. Evicting an already-trained sample with no pending reward is normal and not counted.
 - `dropped`: credit rows (mask True, id >= 0) whose sample id is no longer in the buffer; they are ignored.
 Credit rows with id < 0 (an entry no generation wrote) are ignored without counting.
+
+The functions below take their hyperparameters as arguments (the public API, DESIGN.md);
+`make_buffer_ops(...)` binds them once (flashbax's `make_*_buffer`) into a `BufferOps` whose functions take
+data only (a Runtime's `rt.buffer_ops`).
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
 
 import chex
 import jax
@@ -173,3 +180,32 @@ def pop_batch(buf: SampleBuffer, batch: int, step, *, cooldown=1, power=0.5):
         reward_sum=jnp.where(hit, 0.0, buf.reward_sum),
         reward_count=jnp.where(hit, 0, buf.reward_count))
     return buf, out
+
+
+class BufferOps(NamedTuple):
+    """The buffer's functions with its hyperparameters bound (`make_buffer_ops`):
+
+    - `init()` -> an empty `SampleBuffer` of the bound capacity and widths;
+    - `add_many(buf, prompts, prompt_lens, responses, response_lens, logps, step, mask)` -> (buf, ids);
+    - `credit(buf, sample_ids, rewards, counts, mask)` -> buf;
+    - `ready(buf)` -> [] bool: a batch is pending;
+    - `pop_batch(buf, step)` -> (buf, batch dict) with the bound batch size, cooldown and power."""
+
+    init: Callable[[], SampleBuffer]
+    add_many: Callable[..., tuple[SampleBuffer, jax.Array]]
+    credit: Callable[..., SampleBuffer]
+    ready: Callable[[SampleBuffer], jax.Array]
+    pop_batch: Callable[[SampleBuffer, jax.Array], tuple[SampleBuffer, dict]]
+
+
+def make_buffer_ops(*, capacity: int, prompt_len: int, response_len: int, batch: int, cooldown=1,
+                    power=0.5) -> BufferOps:
+    """A `BufferOps`: `init` with capacity and widths bound, `ready` and `pop_batch` with the batch size
+    (and the repeat weights' cooldown and power) bound; `add_many` and `credit` have nothing to bind."""
+    if not 1 <= batch <= capacity:
+        raise ValueError(f"need 1 <= batch <= buffer capacity; got batch={batch}, capacity={capacity}")
+    return BufferOps(
+        init=functools.partial(init, capacity, prompt_len, response_len),
+        add_many=add_many, credit=credit,
+        ready=functools.partial(ready, batch=batch),
+        pop_batch=lambda buf, step: pop_batch(buf, batch, step, cooldown=cooldown, power=power))

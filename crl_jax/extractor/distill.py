@@ -8,6 +8,12 @@ sequences of action tokens (a plan); the response mask enforces op-token-first, 
 Operations are applied in episode order (a `lax.scan`), so the result is deterministic. Every add or
 update is a generation that can later earn reward: it goes into the extractor sample buffer, and its
 buffer id becomes the entry's `source`. `<RETURN>` and malformed responses write nothing and are counted.
+
+With `extraction.return_samples = n > 0` (our extension) up to n well-formed `<RETURN>` decisions per step
+also go into the buffer, already credited with `credit.return_values` (what playing without an entry earned
+in the episode's group): the extractor then learns when writing beats not writing, and a run whose
+extractor stopped writing still has samples that can teach it to write again. A tiny RETURN sample is
+its op token alone (what follows it is never read); an LLM one is its whole reply.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ class DistillOut(NamedTuple):
     n_return: jax.Array
     n_invalid: jax.Array
     n_add_failed: jax.Array  # adds / updates written from failed episodes (what RL should learn to avoid)
+    n_return_trained: jax.Array = jnp.int32(0)  # no-write decisions stored with their reward (return_samples)
+    n_update_noop: jax.Array = jnp.int32(0)  # UPDATE chosen with no retrieved entry (writes nothing, as RETURN)
 
 
 def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, has_exp):
@@ -40,7 +48,7 @@ def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, 
 
     Compact view: the moves are a fixed-width block of T tokens (PAD after the last move) right before
     the answer, so the entry's j-th token copies the block's j-th token at a fixed distance."""
-    d = rt.distill
+    d = rt.tiny.distill
     budget = rt.cfg.extraction.prompt_len
     compact = rt.cfg.rollout.view == "compact"
     moves, n_moves = episodes.action_tokens, episodes.turns
@@ -51,17 +59,18 @@ def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, 
 
     def one(tt, tl, moves, n_moves, ok, e, el, he):
         i = ok.astype(jnp.int32)
-        return build_distill_prompt(d["header"], (tt, tl), moves, n_moves, (d["outcome"][0][i], d["outcome"][1][i]),
-                                    e, jnp.where(he, el, 0), budget, trajectory_prefix=d["trajectory"],
-                                    retrieved_prefix=d["retrieved"], suffix=d["answer"],
+        return build_distill_prompt(d.header, (tt, tl), moves, n_moves, (d.outcome[0][i], d.outcome[1][i]),
+                                    e, jnp.where(he, el, 0), budget, trajectory_prefix=d.trajectory,
+                                    retrieved_prefix=d.retrieved, suffix=d.answer,
                                     pad_id=rt.tokenizer.pad_id, moves_last=compact)
 
     return jax.vmap(one)(task_tokens, task_len, moves, n_moves, success, exp, exp_len, has_exp)
 
 
-def apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, step, eviction: str):
+def apply_operations(bank_ops: bank_lib.BankOps, bank, writes, op, entry, entry_len, keys, slots, ids, key, step):
     """Apply operations in order (a `lax.scan` over the leading axis [M]): where `writes`, `op` ADD adds
-    `entry` under `keys` (family 0), UPDATE rewrites the entry in `slots`; `ids` become the entries' source.
+    `entry` under `keys` (family 0; a full bank evicts by `bank_ops`' policy), UPDATE rewrites the entry in
+    `slots`; `ids` become the entries' source. `bank_ops`: a Runtime's `rt.bank_ops`.
 
     An update must not rewrite a slot that an earlier add of the same call has reused: it is pinned to the
     insertion counter the entry had before the call (`bank.update(expect_order=...)`).
@@ -70,9 +79,8 @@ def apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, 
 
     def apply_one(b, xs):
         w, o, e, el, k, s, sid, order, i = xs
-        added, _ = bank_lib.add(b, e, el, k, jnp.int32(0), step, sid, eviction=eviction,
-                                rng=jax.random.fold_in(key, 1000 + i))
-        updated = bank_lib.update(b, s, e, el, step, sid, expect_order=order)
+        added, _ = bank_ops.add(b, e, el, k, jnp.int32(0), step, sid, rng=jax.random.fold_in(key, 1000 + i))
+        updated = bank_ops.update(b, s, e, el, step, sid, expect_order=order)
         nb = jax.tree_util.tree_map(lambda a, u: jnp.where(o == ADD, a, u), added, updated)
         return jax.tree_util.tree_map(lambda n_, o_: jnp.where(w, n_, o_), nb, b), None
 
@@ -81,27 +89,56 @@ def apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, 
     return bank
 
 
+def store_returns(buffer, is_return, prompts, plen, resp, rlen, logp, value, ok, num: int, key, step):
+    """Up to `num` of the RETURN decisions `is_return` [N] (where `ok` [N]), drawn uniformly with `key`,
+    into the buffer in episode order, each credited once with its `value` [N] -> (buffer, stored [N] bool).
+
+    prompts [N, P'] / resp, logp [N, R'] are padded to the buffer's widths here; rlen [N] is what the
+    CISPO loss will train (1 = the op token alone)."""
+    cand = is_return & ok
+    if num <= 0:
+        return buffer, jnp.zeros_like(cand)
+    prio = jnp.where(cand, jax.random.uniform(key, cand.shape), -1.0)
+    _, idx = jax.lax.top_k(prio, min(num, cand.shape[0]))
+    chosen = jnp.zeros_like(cand).at[idx].set(True) & cand
+    P, R = buffer.prompt.shape[1], buffer.response.shape[1]
+    pad2 = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))  # noqa: E731
+    buffer, ids = buffer_lib.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step,
+                                      chosen)
+    buffer = buffer_lib.credit(buffer, ids, value, jnp.ones_like(ids), chosen)
+    return buffer, chosen
+
+
 def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, episodes, keys, exp, exp_len,
-            has_exp, slots, mask) -> DistillOut:
-    """Generate one operation per masked episode and apply them to bank and buffer in episode order."""
+            has_exp, slots, mask, return_value=None, return_ok=None) -> DistillOut:
+    """Generate one operation per masked episode and apply them to bank and buffer in episode order.
+    `return_value` / `return_ok` [N]: the reward of a RETURN per episode (`credit.return_values`); with
+    `extraction.return_samples > 0` that many RETURN decisions are stored with it (module docstring)."""
     cfg = rt.cfg
     prompts, plen = distill_prompts(rt, task_tokens, task_len, episodes, episodes.success, exp, exp_len, has_exp)
     scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,
-                         stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id)
-    allowed = rt.response_allowed(cfg.extraction.max_new_tokens)[None]
+                         stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id,
+                         first_mix=cfg.extraction.op_explore)
+    allowed = rt.tiny.response_allowed(cfg.extraction.max_new_tokens)[None]
     resp, logp, rlen = sample_tokens(rt.extractor_graphdef, eparams, prompts, plen, key, scfg, allowed)
     op, entry, entry_len, valid = jax.vmap(
-        lambda r, n: parse_constrained(r, n, rt.op_ids, rt.tokenizer.eos_id, cfg.bank.entry_len))(resp, rlen)
+        lambda r, n: parse_constrained(r, n, rt.tiny.op_ids, rt.tokenizer.eos_id, cfg.bank.entry_len))(resp, rlen)
     writes = mask & valid & ((op == ADD) | ((op == UPDATE) & has_exp))
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]  # the buffer may be wider (merge samples)
     pad2 = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))  # noqa: E731
-    buffer, ids = buffer_lib.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step,
-                                      writes)
+    buffer, ids = rt.buffer_ops.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step,
+                                         writes)
 
-    bank = apply_operations(bank, writes, op, entry, entry_len, keys, slots, ids, key, step, cfg.bank.eviction)
+    bank = apply_operations(rt.bank_ops, bank, writes, op, entry, entry_len, keys, slots, ids, key, step)
+    n_ret_trained = jnp.int32(0)
+    if return_value is not None and cfg.extraction.return_samples > 0:
+        buffer, stored = store_returns(buffer, mask & valid & ~writes, prompts, plen, resp,
+                                       jnp.ones_like(rlen), logp, return_value, return_ok,
+                                       cfg.extraction.return_samples, jax.random.fold_in(key, 7), step)
+        n_ret_trained = jnp.sum(stored)
     n_invalid = jnp.sum(mask & ~valid)
     n_add = jnp.sum(writes & (op == ADD))
     n_update = jnp.sum(writes & (op == UPDATE))
     n_failed = jnp.sum(writes & ~episodes.success.astype(bool))
     return DistillOut(bank, buffer, n_add, n_update, jnp.sum(mask) - n_add - n_update - n_invalid, n_invalid,
-                      n_failed)
+                      n_failed, n_ret_trained, jnp.sum(mask & valid & (op == UPDATE) & ~has_exp))

@@ -10,14 +10,28 @@ callback per chunk (`crl_jax.backends.llm.merge`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
-from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.extractor.merge import merge_bank
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
-_PIECES = ("header", "sep", "context", "entries", "suffix")
+Piece = tuple[jax.Array, jax.Array]  # (tokens [L] int32, length [] int32) of one fixed prompt piece
+
+
+class MergePieces(NamedTuple):
+    """The fixed pieces of a merge prompt, in `crl_jax.extractor.merge.merge_family`'s layout: header, then
+    (when lessons are carried) context + the carried lessons, then entries + the chunk's entries (each after
+    `sep`), then suffix. Built once per Runtime (tiny path: `crl_jax.loop.runtime`; LLM path:
+    `crl_jax.backends.llm.prompt_pieces.build_merge_pieces`)."""
+
+    header: Piece
+    sep: Piece
+    context: Piece
+    entries: Piece
+    suffix: Piece
 
 
 def merge_response_len(cfg) -> int:
@@ -25,13 +39,13 @@ def merge_response_len(cfg) -> int:
     return cfg.extraction.merge_chunk * (cfg.bank.entry_len + 1)
 
 
-def merge_prompt_len(cfg, pieces: dict, max_out: int | None = None) -> int:
+def merge_prompt_len(cfg, pieces: MergePieces, max_out: int | None = None) -> int:
     """Static merge prompt length: the pieces plus `max_out` (default: merge_chunk) carried and
     `merge_chunk` chunk entries."""
     b, e = cfg.bank, cfg.extraction
     max_out = e.merge_chunk if max_out is None else max_out
-    fixed = sum(int(pieces[k][0].shape[0]) for k in _PIECES)
-    return fixed + (max_out + e.merge_chunk) * (int(pieces["sep"][0].shape[0]) + b.entry_len)
+    fixed = sum(int(tokens.shape[0]) for tokens, _ in pieces)
+    return fixed + (max_out + e.merge_chunk) * (int(pieces.sep[0].shape[0]) + b.entry_len)
 
 
 def max_chunks(cfg) -> int:
@@ -49,8 +63,8 @@ def merge_into(rt, bank, buffer, key, step, *, generate_fn, max_out: int, parse_
     cfg = rt.cfg
     p = rt.merge_pieces
     bank, s = merge_bank(bank, 1, generate_fn, key, step, source_start=buffer.next_id,
-                         header_tokens=p["header"], entry_sep=p["sep"], context_prefix=p["context"],
-                         entries_prefix=p["entries"], suffix=p["suffix"],
+                         header_tokens=p.header, entry_sep=p.sep, context_prefix=p.context,
+                         entries_prefix=p.entries, suffix=p.suffix,
                          max_prompt=merge_prompt_len(cfg, p, max_out), max_entries_out=max_out, op_ids=op_ids,
                          eos_id=rt.tokenizer.eos_id, chunk=cfg.extraction.merge_chunk, max_chunks=max_chunks(cfg),
                          pad_id=rt.tokenizer.pad_id, parse_fn=parse_fn,
@@ -59,8 +73,8 @@ def merge_into(rt, bank, buffer, key, step, *, generate_fn, max_out: int, parse_
     flat = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), s)
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]
     pad2 = lambda x, n, v=0: jnp.pad(x, ((0, 0), (0, n - x.shape[1])), constant_values=v)  # noqa: E731
-    buffer, _ = buffer_lib.add_many(buffer, pad2(flat.prompt, P), flat.prompt_len, pad2(flat.response, R),
-                                    flat.response_len, pad2(flat.logp, R, 0.0), step, flat.mask)
+    buffer, _ = rt.buffer_ops.add_many(buffer, pad2(flat.prompt, P), flat.prompt_len, pad2(flat.response, R),
+                                       flat.response_len, pad2(flat.logp, R, 0.0), step, flat.mask)
     return bank, buffer, jnp.sum(flat.mask).astype(jnp.int32)
 
 
@@ -69,13 +83,13 @@ def run_merge(rt, bank, buffer, eparams, key, step):
     cfg = rt.cfg
     scfg = SamplerConfig(max_new_tokens=merge_response_len(cfg), temperature=cfg.extraction.temperature,
                          stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id)
-    allowed = rt.response_allowed(merge_response_len(cfg))
+    allowed = rt.tiny.response_allowed(merge_response_len(cfg))
 
     def generate_fn(prompt, plen, k):
         return sample_tokens(rt.extractor_graphdef, eparams, prompt, plen, k, scfg, allowed[None])
 
     return merge_into(rt, bank, buffer, key, step, generate_fn=generate_fn, max_out=cfg.extraction.merge_chunk,
-                      op_ids=rt.op_ids, fixed_width=cfg.rollout.view == "compact")
+                      op_ids=rt.tiny.op_ids, fixed_width=cfg.rollout.view == "compact")
 
 
 def maybe_merge(rt, bank, buffer, eparams, key, step, enabled, run=run_merge):

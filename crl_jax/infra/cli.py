@@ -115,23 +115,36 @@ def cmd_bank(args):
 
 
 def cmd_pretrain(args):
-    """Train the prior of a config (synthetic data only) into the cache and print its id and losses."""
+    """Train the prior of a config (synthetic data only) into the cache and print its id and losses: the
+    tiny models' prior, or an LLM config's format prior (its LoRA adapters)."""
+    from crl_jax.backends.llm import format_prior as fpm
     from crl_jax.backends.llm.runtime import is_llm_config
-    from crl_jax.infra.run import runtime_of
     from crl_jax.learner import pretrain
     from crl_jax.loop.runtime import build
 
     cfg = _load_cfg(args)
+    rt = build(cfg)
     if is_llm_config(cfg):  # the LLM path's format prior (crl_jax/backends/llm/format_prior.py)
-        from crl_jax.backends.llm import format_prior as fpm
-
-        fpm.format_prior_adapters(runtime_of(cfg), log=print)
+        fpm.format_prior_adapters(rt, log=print, refit=args.refit)
         meta = os.path.join(pretrain.cache_dir(cfg), f"format-prior-{fpm.format_prior_id(cfg)}.json")
-    else:
-        pretrain.prior_params(build(cfg), log=print)
-        meta = os.path.join(pretrain.cache_dir(cfg), f"prior-{pretrain.prior_id(cfg)}.json")
+        print(f"format prior {fpm.format_prior_id(cfg)}: {os.path.dirname(meta)}")
+        with open(meta) as f:
+            print(f.read())
+        return
+    shipped = pretrain.shipped_path(pretrain.prior_id(cfg))
+    params = pretrain.prior_params(rt, log=print, refit=args.refit)
+    meta = pretrain.prior_meta_path(cfg)
+    print(f"prior {pretrain.prior_id(cfg)}: {os.path.dirname(meta)}")
     with open(meta) as f:
         print(f.read())
+    if args.refit and os.path.exists(shipped):  # how close a fit on this machine comes to the shipped copy
+        import jax
+        import numpy as np
+
+        ref = pretrain.load_params(shipped, params)
+        diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(ref)))
+        print(f"largest |refit - shipped| parameter difference: {diff:.3g}")
 
 
 def cmd_demo(args):
@@ -190,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     pt = sub.add_parser("pretrain", help="train (or load from the cache) the prior of a config (METHOD.md §6): "
                         "the tiny models' prior, or an LLM config's format prior")
     pt.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
+    pt.add_argument("--refit", action="store_true",
+                    help="fit again into the cache even if a cached or shipped copy exists (the tiny prior: "
+                    "and compare with the shipped copy)")
     pt.add_argument("overrides", nargs="*", metavar="key=value")
     pt.set_defaults(fn=cmd_pretrain)
 

@@ -37,9 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from crl_jax import loop
-from crl_jax.backends import llm
 from crl_jax.backends.host import driver as host_loop
 from crl_jax.backends.llm.format_prior import format_prior_id
+from crl_jax.backends.llm.runtime import is_llm_config
 from crl_jax.config import Config, ConfigError, to_dict
 from crl_jax.infra import distributed
 from crl_jax.infra import sharding
@@ -73,14 +73,14 @@ class Interrupted(Exception):
 
 
 def _prior_id(cfg: Config):
-    if llm.is_llm_config(cfg):  # the LLM path's format prior (crl_jax/backends/llm/format_prior.py), when enabled
+    if is_llm_config(cfg):  # the LLM path's format prior (crl_jax/backends/llm/format_prior.py), when enabled
         return format_prior_id(cfg) if cfg.format_prior.enabled else None
     return pretrain.prior_id(cfg) if cfg.pretrain.enabled else None
 
 
 def runtime_of(cfg: Config):
-    """The (cached) Runtime of the path a config runs on: the LLM path's or the built-in one."""
-    return llm.build(cfg) if llm.is_llm_config(cfg) else build(cfg)
+    """The (cached) Runtime of the path a config runs on (the LLM path's or the tiny one): `loop.runtime.build`."""
+    return build(cfg)
 
 
 def engine(cfg: Config):

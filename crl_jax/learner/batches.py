@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 
 from crl_jax import losses
-from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.learner import pretrain
 from crl_jax.learner.loss_fns import TurnBatch
 from crl_jax.learner.train_state import ExtractorBatch
@@ -84,10 +83,10 @@ def stack_minibatches(batch, key, epochs: int, minibatches: int):
 
 
 def extractor_batch(rt, buffer, step, ready, key=None, epochs: int = 1):
-    """Pop the oldest rewarded samples (when `ready`) -> (buffer, ExtractorBatch); `epochs` > 1 stacks the
-    batch that many times (leading axis) for as many optimizer steps; `key` draws the auxiliary rows."""
-    ec = rt.cfg.extraction
-    popped, b = buffer_lib.pop_batch(buffer, ec.batch, step, cooldown=ec.cooldown, power=ec.power)
+    """Pop the oldest rewarded samples (`rt.buffer_ops.pop_batch`, when `ready`) -> (buffer, ExtractorBatch);
+    `epochs` > 1 stacks the batch that many times (leading axis) for as many optimizer steps; `key` draws the
+    auxiliary rows."""
+    popped, b = rt.buffer_ops.pop_batch(buffer, step)
     buffer = jax.tree_util.tree_map(lambda n, o: jnp.where(ready, n, o), popped, buffer)
     tokens, total = jax.vmap(lambda p, pl, r, rl: pack_segments([(p, pl), (r, rl)]))(
         b["prompt"], b["prompt_len"], b["response"], b["response_len"])

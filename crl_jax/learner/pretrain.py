@@ -79,7 +79,7 @@ def _random_plan(rt, key, max_len: int):
     L = rt.cfg.bank.entry_len
     k1, k2 = jax.random.split(key)
     n = jax.random.randint(k2, (), 1, max_len + 1)
-    toks = rt.action_ids[jax.random.randint(k1, (L,), 0, rt.action_ids.shape[0])]
+    toks = rt.tiny.action_ids[jax.random.randint(k1, (L,), 0, rt.tiny.action_ids.shape[0])]
     return jnp.where(jnp.arange(L) < n, toks, 0).astype(jnp.int32), n.astype(jnp.int32)
 
 
@@ -89,10 +89,10 @@ def actor_rows(rt, key, n: int, only_tips: bool = False) -> PriorRows:
     without pulling tipless behaviour, which RL is shaping, back to uniform)."""
     tt, tl = _task_rows(rt)
     V = rt.vocab_size
-    A = rt.action_ids.shape[0]
+    A = rt.tiny.action_ids.shape[0]
     T = rt.num_turns
     tip_p = 1.0 if only_tips else rt.cfg.pretrain.tip_p
-    uniform = jnp.zeros((V,), jnp.float32).at[rt.action_ids].set(1.0 / A)
+    uniform = jnp.zeros((V,), jnp.float32).at[rt.tiny.action_ids].set(1.0 / A)
 
     def one(k):
         ks = jax.random.split(k, 5)
@@ -101,7 +101,7 @@ def actor_rows(rt, key, n: int, only_tips: bool = False) -> PriorRows:
         plan, plen = _random_plan(rt, ks[2], min(T, rt.cfg.bank.entry_len))
         has = jax.random.uniform(ks[3]) < tip_p
         obs, obs_len = rt.renderer(_random_obs(rt, ks[4]))
-        prompt, length = build_prompt(tt[task], tl[task], plan, plen, has, rt.seg, t, obs, obs_len,
+        prompt, length = build_prompt(tt[task], tl[task], plan, plen, has, rt.tiny.seg, t, obs, obs_len,
                                       turn_marker=rt.cfg.rollout.turn_marker)
         shown = has & (t < plen)
         move = plan[jnp.minimum(t, plan.shape[0] - 1)]
@@ -146,12 +146,12 @@ def extractor_rows(rt, key, n: int, op_weight: float = 1.0) -> PriorRows:
     prompts, plen = distill_prompts(rt, tt[task], tl[task], ep, ok, old, jnp.where(has_old, old_len, 0), has_old)
     # The op token written in the teacher-forced sequence: ADD, or UPDATE half the time with an old tip.
     upd = has_old & jax.random.bernoulli(ks[5], 0.5, (n,))
-    op_tok = jnp.where(upd, rt.op_ids[UPDATE], rt.op_ids[ADD])
+    op_tok = jnp.where(upd, rt.tiny.op_ids[UPDATE], rt.tiny.op_ids[ADD])
     resp, rlen = jax.vmap(lambda o, m, k: _response(rt, o, m, k, R))(op_tok, moves, n_moves)
     toks, start, hard = jax.vmap(lambda p, pl, r, rl: _teacher_forced(p, pl, r, rl, prompts.shape[1] + R))(
         prompts, plen, resp, rlen)
-    target = jnp.zeros((n, V), jnp.float32).at[:, rt.op_ids[ADD]].set(1.0).at[:, rt.op_ids[RETURN]].set(1.0)
-    target = jnp.where(has_old[:, None], target.at[:, rt.op_ids[UPDATE]].set(1.0), target)
+    target = jnp.zeros((n, V), jnp.float32).at[:, rt.tiny.op_ids[ADD]].set(1.0).at[:, rt.tiny.op_ids[RETURN]].set(1.0)
+    target = jnp.where(has_old[:, None], target.at[:, rt.tiny.op_ids[UPDATE]].set(1.0), target)
     target = target / target.sum(-1, keepdims=True)
     return PriorRows(tokens=toks, lengths=start, target=op_weight * target, hard=hard)
 
@@ -176,17 +176,17 @@ def merge_rows(rt, key, n: int) -> PriorRows:
         ks = jax.random.split(k, C + 1)
         m = jax.random.randint(ks[0], (), 1, C + 1)  # entries in the chunk
         entries = [_random_plan(rt, ks[j + 1], L) for j in range(C)]
-        segs = [p["header"], p["entries"]]
+        segs = [p.header, p.entries]
         for j, (e, el) in enumerate(entries):
             e = jnp.where(jnp.arange(L) < el, e, rt.tokenizer.pad_id) if fixed else e
-            segs += [(p["sep"][0], jnp.where(j < m, p["sep"][1], 0)), (e, jnp.where(j < m, L if fixed else el, 0))]
-        segs.append(p["suffix"])
+            segs += [(p.sep[0], jnp.where(j < m, p.sep[1], 0)), (e, jnp.where(j < m, L if fixed else el, 0))]
+        segs.append(p.suffix)
         prompt, plen = pack_segments(segs, size=P, pad_id=rt.tokenizer.pad_id)
         last_tok = jnp.stack([e for e, _ in entries])[m - 1]
         last_len = jnp.stack([el for _, el in entries])[m - 1]
-        resp, rlen = _response(rt, rt.op_ids[ADD], last_tok, last_len, R)
+        resp, rlen = _response(rt, rt.tiny.op_ids[ADD], last_tok, last_len, R)
         toks, start, hard = _teacher_forced(prompt, plen, resp, rlen, P + R)
-        return toks, start, jnp.zeros((V,), jnp.float32).at[rt.op_ids[ADD]].set(1.0), hard
+        return toks, start, jnp.zeros((V,), jnp.float32).at[rt.tiny.op_ids[ADD]].set(1.0), hard
 
     toks, start, tgt, hard = jax.vmap(one)(jax.random.split(key, n))
     return PriorRows(tokens=toks, lengths=start, target=tgt, hard=hard)
@@ -240,11 +240,11 @@ def train_prior(rt, key=None):
     k_a, k_e, k_da, k_de = jax.random.split(key, 4)
     a_gd, a_p = tr.split(tr.create(rt.actor_config, k_a))
     e_gd, e_p = tr.split(tr.create(rt.extractor_config, k_e))
-    allowed = jnp.zeros((rt.vocab_size,), bool).at[rt.action_ids].set(True)
+    allowed = jnp.zeros((rt.vocab_size,), bool).at[rt.tiny.action_ids].set(True)
     temp = rt.cfg.actor.temperature
     a_p, a_loss = _fit(lambda p, k: actor_prior_loss(a_gd, p, actor_rows(rt, k, pc.batch), allowed, temp),
                        a_p, k_da, pc.actor_steps, pc.lr)
-    masks = rt.response_masks()
+    masks = rt.tiny.response_masks()
     m = rt.cfg.extraction.min_entry
     et = rt.cfg.extraction.temperature
 
@@ -273,7 +273,8 @@ def _save(path: str, params: dict, meta: dict):
         json.dump(meta, f, indent=2)
 
 
-def _load(path: str, template: dict):
+def load_params(path: str, template: dict):
+    """Params saved by `_save` at `path`, shaped like `template` (a ValueError names a shape mismatch)."""
     leaves, treedef = jax.tree_util.tree_flatten(template)
     with np.load(path) as z:
         arrs = [z[f"leaf{i}"] for i in range(len(leaves))]
@@ -281,6 +282,9 @@ def _load(path: str, template: dict):
         if a.shape != t.shape:
             raise ValueError(f"prior cache {path}: leaf shape {a.shape} != {t.shape}")
     return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(a, t.dtype) for a, t in zip(arrs, leaves)])
+
+
+_load = load_params  # the name the LLM format prior's probes import
 
 
 def cached_or_trained(path: str, template, train, *, what: str, id_key: str, pid: str, log=None):
@@ -291,7 +295,7 @@ def cached_or_trained(path: str, template, train, *, what: str, id_key: str, pid
     say = log or (lambda m: print(m, file=sys.stderr, flush=True))
     if os.path.exists(path):
         try:
-            return _load(path, template)
+            return load_params(path, template)
         except (OSError, ValueError, KeyError) as e:
             say(f"{what} cache {path} unreadable ({e}); retraining")
     say(f"training the {what} {pid} (synthetic data only, once; cached in {os.path.dirname(path)})")
@@ -301,16 +305,45 @@ def cached_or_trained(path: str, template, train, *, what: str, id_key: str, pid
     return params
 
 
-def prior_params(rt, log=None) -> dict:
-    """The cached prior of `rt.cfg` ({"actor", "extractor"} params), trained on first use."""
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "priors")  # priors shipped with the package
+
+
+def shipped_path(pid: str) -> str:
+    """Where the package ships the prior `pid` (the embedded default's, so a fresh machine skips the fit)."""
+    return os.path.join(SHIPPED_DIR, f"prior-{pid}.npz")
+
+
+def prior_params(rt, log=None, *, refit: bool = False) -> dict:
+    """The prior of `rt.cfg` ({"actor", "extractor"} params): from the cache, else the copy the package ships
+    for this id (the embedded default's: the same function of the same key, fitted once), else trained on
+    first use and cached. `refit`: train into the cache even if a cached or shipped copy exists."""
     pid = prior_id(rt.cfg)
-    if pid in _MEMO:
+    if pid in _MEMO and not refit:
         return _MEMO[pid]
     template = {"actor": tr.split(tr.create(rt.actor_config, jax.random.key(0)))[1],
                 "extractor": tr.split(tr.create(rt.extractor_config, jax.random.key(0)))[1]}
-    _MEMO[pid] = cached_or_trained(os.path.join(cache_dir(rt.cfg), f"prior-{pid}.npz"), template,
-                                   lambda say: train_prior(rt), what="prior", id_key="prior_id", pid=pid, log=log)
+    path = os.path.join(cache_dir(rt.cfg), f"prior-{pid}.npz")
+    if refit:
+        for p in (path, path[:-4] + ".json"):
+            if os.path.exists(p):
+                os.remove(p)
+    elif not os.path.exists(path) and os.path.exists(shipped_path(pid)):
+        try:
+            _MEMO[pid] = load_params(shipped_path(pid), template)
+            return _MEMO[pid]
+        except (OSError, ValueError, KeyError) as e:  # a damaged install: fit into the cache instead
+            (log or (lambda m: print(m, file=sys.stderr, flush=True)))(f"shipped prior unreadable ({e}); retraining")
+    _MEMO[pid] = cached_or_trained(path, template, lambda say: train_prior(rt), what="prior", id_key="prior_id",
+                                   pid=pid, log=log)
     return _MEMO[pid]
+
+
+def prior_meta_path(cfg) -> str:
+    """The metadata file (id, first / last losses) of the prior a config starts from (cache, else shipped)."""
+    pid = prior_id(cfg)
+    own = os.path.join(cache_dir(cfg), f"prior-{pid}.json")
+    return own if os.path.exists(own) or not os.path.exists(shipped_path(pid)[:-4] + ".json") \
+        else shipped_path(pid)[:-4] + ".json"
 
 
 def _stacked(rows: PriorRows, steps: int) -> PriorRows:

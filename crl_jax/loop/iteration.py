@@ -78,13 +78,13 @@ class LoopState:
 
 def init_state(rt: Runtime, key, cfg=None) -> LoopState:
     """Fresh state from a run key: the backend's starting models (`rt.backend.init_models`), an empty bank
-    (or the offline bank file), an empty sample buffer. `cfg` (default `rt.cfg`) sets the method flags."""
+    (or the offline bank file), an empty sample buffer (their shapes bound in `rt.bank_ops` / `rt.buffer_ops`).
+    `cfg` (default `rt.cfg`) sets the method flags, the models' init seeds and the offline bank file."""
     cfg = cfg or rt.cfg
     be = rt.backend
     k_run, k_a, k_e = jax.random.split(key, 3)
     actor, extractor = be.init_models(rt, cfg, k_a, k_e)
-    prompt_len, resp_len = be.buffer_dims(rt, cfg)
-    bank = bank_lib.init(cfg.bank.capacity, cfg.bank.entry_len, cfg.bank.key_dim)
+    bank = rt.bank_ops.init()
     if cfg.method == "offline":  # fill the bank from a JSON-lines file written by `crl-jax bank export`
         bank = load_jsonl(bank, rt.tokenizer, cfg.bank.offline_path, rt.embedder)
     state = LoopState(
@@ -92,7 +92,7 @@ def init_state(rt: Runtime, key, cfg=None) -> LoopState:
         actor=ts.create_train_state(actor, rt.actor_tx),  # the Runtime's optimizers: one compiled program
         extractor=ts.create_train_state(extractor, rt.extractor_tx),
         bank=bank,
-        buffer=buffer_lib.init(cfg.extraction.buffer_capacity, prompt_len, resp_len),
+        buffer=rt.buffer_ops.init(),
         key=k_run, step=jnp.int32(0), env_steps=jnp.int32(0))
     if be.donate:
         # Distinct buffers for every leaf: `compiled_chunk` donates the state, and XLA refuses to donate one
@@ -154,8 +154,8 @@ def prepare(rt: Runtime, state: LoopState, obs=None, obs_len=None) -> Prepared:
     guided = guided_mask(rt, state.flags, state.step).reshape(N)
     if obs is None:
         obs, obs_len = first_observation(rt.env, rt.renderer, k.roll, tasks)
-    q = query_from_observation(rt, task_tokens, task_len, obs, obs_len)
-    bank, slots, exp, exp_len, has_exp = retrieve_entries(rt, state.bank, k.ret, state.step, q, guided)
+    q = query_from_observation(rt.embedder, task_tokens, task_len, obs, obs_len)
+    bank, slots, exp, exp_len, has_exp = retrieve_entries(rt.bank_ops, state.bank, k.ret, state.step, q, guided)
     return Prepared(tasks, task_tokens, task_len, guided, q, bank, slots, exp, exp_len, has_exp)
 
 
@@ -184,30 +184,33 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
     outcome = entry_credit("outcome", success, entry_ids, guided, G, K, cfg.bank.capacity)
     er = outcome if cfg.extraction.reward == "outcome" else entry_credit(cfg.extraction.reward, success, entry_ids,
                                                                          guided, G, K, cfg.bank.capacity)
-    bank = bank_lib.credit(p.bank, outcome.sum, outcome.count)
+    bank = rt.bank_ops.credit(p.bank, outcome.sum, outcome.count)
     credited = er.count > 0
-    buffer = buffer_lib.credit(state.buffer, bank.source, er.mean, jnp.ones_like(er.count), credited & (bank.source >= 0))
-    # pruning (our extension): entries whose credit this step is below the threshold are removed
-    bank, n_pruned = bank_lib.prune(bank, er.mean, credited & flags.edits_bank, cfg.bank.prune_below)
+    buffer = rt.buffer_ops.credit(state.buffer, bank.source, er.mean, jnp.ones_like(er.count),
+                                  credited & (bank.source >= 0))
+    # pruning (our extension): entries whose credit this step is below `bank.prune_below` are removed
+    bank, n_pruned = rt.bank_ops.prune(bank, er.mean, credited & flags.edits_bank)
 
-    # 5. distillation (skipped at run time for methods that do not edit the bank)
+    # 5. distillation (skipped at run time for methods that do not edit the bank); a RETURN decision's reward
+    # is what its group's free rollouts earned (stored only with extraction.return_samples > 0)
     mask = has_exp if cfg.extraction.distill == "guided_only" else jnp.ones((N,), bool)
+    ret_value, ret_ok = credit.return_values(cfg.extraction.reward, success.reshape(G, K), guided.reshape(G, K))
 
     def do_distill(bb):
         d = be.distill(rt, bb[0], bb[1], state.extractor.params, k.ext, step, task_tokens=p.task_tokens,
                        task_len=p.task_len, episodes=ep, keys=p.q, exp=p.exp, exp_len=p.exp_len, has_exp=has_exp,
-                       slots=slots, mask=mask)
+                       slots=slots, mask=mask, return_value=ret_value.reshape(N), return_ok=ret_ok.reshape(N))
         return d.bank, d.buffer, jnp.stack([d.n_add, d.n_update, d.n_return, d.n_invalid,
-                                            d.n_add_failed]).astype(jnp.int32)
+                                            d.n_add_failed, d.n_return_trained, d.n_update_noop]).astype(jnp.int32)
 
     bank, buffer, ops = jax.lax.cond(flags.edits_bank, do_distill,
-                                     lambda bb: (bb[0], bb[1], jnp.zeros((5,), jnp.int32)), (bank, buffer))
+                                     lambda bb: (bb[0], bb[1], jnp.zeros((7,), jnp.int32)), (bank, buffer))
     n_add, n_upd, n_ret, n_inv = ops[0], ops[1], ops[2], ops[3]
     n_failed_ep = jnp.sum(~ep.success.astype(bool) & mask)
 
     # 6. one co-update
     ab, a_metrics = be.actor_batch(rt, ep, guided.reshape(G, K), flags.split_advantage, k.rows)
-    ready = buffer_lib.ready(buffer, cfg.extraction.batch) & flags.trains_extractor
+    ready = rt.buffer_ops.ready(buffer) & flags.trains_extractor
     buffer, eb = be.extractor_batch(rt, buffer, step, ready, jax.random.fold_in(k.rows, 1))
     ab = ab.replace(weight=jnp.where(flags.trains_actor, ab.weight, 0.0))  # zero weight: no actor step
     actor, extractor, u_metrics = rt.co_update(state.actor, state.extractor, ab, eb)
@@ -222,12 +225,13 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
         "retrieved_frac": masked_mean(has_exp.astype(jnp.float32), guided),
         "pruned_entries": n_pruned.astype(jnp.float32),
         "episode_turns": ep.turns.astype(jnp.float32).mean(),
-        "bank_size": bank_lib.size(bank).astype(jnp.float32),
+        "bank_size": rt.bank_ops.size(bank).astype(jnp.float32),
         "extractor_reward_mean": jnp.where(credited.any(), jnp.sum(jnp.where(credited, er.mean, 0.0))
                                            / jnp.maximum(credited.sum(), 1), jnp.nan),
         "extractor_ready": ready.astype(jnp.float32),
         "ops_add": n_add.astype(jnp.float32), "ops_update": n_upd.astype(jnp.float32),
         "ops_return": n_ret.astype(jnp.float32), "ops_invalid": n_inv.astype(jnp.float32),
+        "ops_return_trained": ops[5].astype(jnp.float32), "ops_update_noop": ops[6].astype(jnp.float32),
         "write_rate_failed": jnp.where(flags.edits_bank & (n_failed_ep > 0),
                                        ops[4] / jnp.maximum(n_failed_ep, 1), jnp.nan).astype(jnp.float32),
         "merged_entries": n_merged.astype(jnp.float32),

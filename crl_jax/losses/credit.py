@@ -13,6 +13,13 @@ Variants (`entry_rewards(variant, ...)`):
   the entry is credited with the lift over the group's no-experience control. A trajectory whose group
   has no free member gives no evidence and is not counted.
 
+RETURN decisions (our extension, `extraction.return_samples`): the paper never rewards a `<RETURN>`, so
+only writes are trained and a run whose extractor stops writing has no sample left to learn from (the
+RETURN collapse, experiments/RESULTS.md). `return_values` gives a RETURN the reward an entry would earn if
+the guided rollouts did exactly as well as the group's free ones (the value of playing without an entry),
+on the same scale as the variant's entry rewards, so CISPO's batch baseline compares writing with not
+writing.
+
 The reference code's optional critic verdict (an actor judging whether the entry helped) is not a variant
 here: nothing produces verdicts (METHOD.md §3).
 """
@@ -79,6 +86,31 @@ def relative_to_free_rewards(outcomes: jax.Array, guided: jax.Array, entry_ids: 
     n_free = (~g).sum(-1, keepdims=True).astype(_F32)
     free_mean = jnp.where(~g, succ, 0.0).sum(-1, keepdims=True) / jnp.maximum(n_free, 1.0)
     return aggregate_by_entry(succ - free_mean, entry_ids, num_entries, counted=g & (n_free > 0))
+
+
+def return_values(variant: str, outcomes: jax.Array, guided: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The reward of a `<RETURN>` decision per episode: (value [G, K] float32, ok [G, K] bool).
+
+    outcomes, guided (bool): [G, K] (one row per group). A RETURN writes nothing, so the guided rollouts
+    that would have used its entry play without one, as the free members do:
+    - "outcome": value = mean over the group's free members j of (±1 score_j), the entry-reward scale;
+    - "relative_to_free": value = 0 (an entry no better than playing free earns 0 there).
+    ok: the group has free members (a group without them gives no counterfactual: nothing to train on).
+    Every member of a group gets its group's value (a RETURN on a guided episode alike).
+    """
+    chex.assert_rank([outcomes, guided], 2)
+    chex.assert_equal_shape([outcomes, guided])
+    g = guided.astype(bool)
+    n_free = (~g).sum(-1, keepdims=True)
+    ok = jnp.broadcast_to(n_free > 0, g.shape)
+    if variant == "outcome":
+        free_sum = jnp.where(~g, outcome_scores(outcomes), 0.0).sum(-1, keepdims=True)
+        value = free_sum / jnp.maximum(n_free, 1).astype(_F32)
+    elif variant == "relative_to_free":
+        value = jnp.zeros((g.shape[0], 1), _F32)
+    else:
+        raise ValueError(f"unknown extractor reward variant {variant!r}; choose one of {VARIANTS}")
+    return jnp.where(ok, jnp.broadcast_to(value, g.shape), 0.0).astype(_F32), ok
 
 
 VARIANTS = ("outcome", "relative_to_free")  # = the values of `extraction.reward`

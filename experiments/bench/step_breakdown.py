@@ -52,7 +52,7 @@ def main(argv=None):
     prep = jax.jit(lambda s: loop.prepare(rt, s))
 
     def play_fn(s, p):
-        return play(s.actor.graphdef, s.actor.params, rt.env, rt.renderer, rt.seg, rt.action_ids,
+        return play(s.actor.graphdef, s.actor.params, rt.env, rt.renderer, rt.tiny.seg, rt.tiny.action_ids,
                     loop.step_keys(s).roll, tasks=p.tasks, task_tokens=p.task_tokens, task_len=p.task_len,
                     exp=p.exp, exp_len=p.exp_len, has_exp=p.has_exp, num_turns=rt.num_turns,
                     temperature=c.actor.temperature, turn_marker=c.rollout.turn_marker)

@@ -1,6 +1,9 @@
 """The mechanisms the [effect] default rests on: compact view, tip window, similarity floor, grouped merge,
 pruning, the priors' synthetic data, the temperature of training log-probs, the sequence ratio, PPO epochs."""
 
+import json
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,10 +43,10 @@ def test_compact_prompt_layout_and_tip_window():
     assert int(obs_len) == 11
     text = _decode(rt, obs, obs_len)
     assert text.startswith("<r") and "@" in text
-    a = [int(x) for x in rt.action_ids]
+    a = [int(x) for x in rt.tiny.action_ids]
     exp = jnp.asarray([a[0], a[1], a[2], 0], jnp.int32)
     args = (rt.train_task_tokens[1], rt.train_task_len[1], exp, jnp.int32(3))
-    seg = rt.seg
+    seg = rt.tiny.seg
     # turn 1: the plan from move 1 on, 2 moves at most, right before the action marker
     p, n = build_prompt(*args, jnp.bool_(True), seg, 1, obs, obs_len, turn_marker=True)
     assert _decode(rt, p, n) == "<L1><t1>" + text + "<TIP><east><south><ACT>"
@@ -117,8 +120,8 @@ def test_prior_targets_copy_the_tip_or_stay_uniform():
     tgt = np.asarray(rows.target)
     hard = tgt.max(-1) == 1.0
     assert 0 < hard.sum() < 64
-    A = rt.action_ids.shape[0]
-    np.testing.assert_allclose(tgt[~hard][:, np.asarray(rt.action_ids)], 1.0 / A)
+    A = rt.tiny.action_ids.shape[0]
+    np.testing.assert_allclose(tgt[~hard][:, np.asarray(rt.tiny.action_ids)], 1.0 / A)
     for i in np.where(hard)[0][:8]:  # the target is the token right after the tip marker
         toks = list(np.asarray(rows.tokens[i])[: int(rows.lengths[i])])
         tip = toks.index(rt.tokenizer.extra_id("<TIP>"))
@@ -135,7 +138,7 @@ def test_temperature_training_logprobs_equal_sampled_ones():
     rt = build(cfg)
     st = loop.init_state(rt, jax.random.key(0), cfg)
     p = loop.prepare(rt, st)
-    ep = play(st.actor.graphdef, st.actor.params, rt.env, rt.renderer, rt.seg, rt.action_ids, jax.random.key(1),
+    ep = play(st.actor.graphdef, st.actor.params, rt.env, rt.renderer, rt.tiny.seg, rt.tiny.action_ids, jax.random.key(1),
               tasks=p.tasks, task_tokens=p.task_tokens, task_len=p.task_len, exp=p.exp, exp_len=p.exp_len,
               has_exp=p.has_exp, num_turns=rt.num_turns, temperature=0.7)
     N, T, P = ep.prompts.shape
@@ -143,7 +146,7 @@ def test_temperature_training_logprobs_equal_sampled_ones():
                   action_token=ep.action_tokens.reshape(-1), behavior_logp=ep.logp.reshape(-1),
                   advantages=jnp.ones((N * T,)), weight=ep.active.reshape(-1).astype(jnp.float32),
                   episode=jnp.repeat(jnp.arange(N), T))
-    allowed = action_allowed_mask(rt.action_ids, rt.vocab_size)
+    allowed = action_allowed_mask(rt.tiny.action_ids, rt.vocab_size)
     for temp, ok in ((0.7, True), (1.0, False)):
         _, (_, m) = actor_turn_loss(allowed, temperature=temp)(st.actor.graphdef, st.actor.params, b)
         assert (abs(float(m["approx_kl"])) < 1e-6) == ok, (temp, m["approx_kl"])
@@ -231,9 +234,29 @@ def test_compact_distill_prompt_puts_moves_then_outcome_before_the_answer():
     from crl_jax.learner.pretrain import _Moves
 
     rt = build(micro())
-    a = [int(x) for x in rt.action_ids]
+    a = [int(x) for x in rt.tiny.action_ids]
     ep = _Moves(action_tokens=jnp.asarray([[a[0], a[3], 0, 0]]), turns=jnp.asarray([2]))
     p, n = distill_prompts(rt, rt.train_task_tokens[:1], rt.train_task_len[:1], ep, jnp.asarray([True]),
                            jnp.asarray([[a[1], 0, 0, 0]]), jnp.asarray([1]), jnp.asarray([True]))
     pad = rt.tokenizer.decode([rt.tokenizer.pad_id])
     assert _decode(rt, p[0], n[0]) == f"<DISTIL><L0><OLD><east><MOVES><north><west>{pad}{pad}<SUCC><OP>"
+
+
+def test_the_default_prior_ships_with_the_package(tmp_path, monkeypatch):
+    """The embedded default's prior is shipped (crl_jax/learner/priors), so a fresh machine skips the fit: its
+    id is the default config's (a change to what shapes the prior fails here: refit with
+    `crl-jax pretrain --refit` and ship the new file), and an empty cache loads it without training."""
+    cfg = load(None, [f"pretrain.cache_dir={tmp_path}"])
+    pid = pretrain.prior_id(cfg)
+    shipped = pretrain.shipped_path(pid)
+    assert os.path.exists(shipped), f"no shipped prior for the default's id {pid} in {pretrain.SHIPPED_DIR}"
+    with open(shipped[:-4] + ".json") as f:
+        assert json.load(f)["prior_id"] == pid
+    rt = build(cfg)
+    monkeypatch.setattr(pretrain, "train_prior", lambda rt: pytest.fail("the shipped prior should be loaded"))
+    monkeypatch.setattr(pretrain, "_MEMO", {})
+    params = pretrain.prior_params(rt)
+    leaves = jax.tree_util.tree_leaves(params)
+    assert leaves and all(np.isfinite(np.asarray(x)).all() for x in leaves)
+    assert pretrain.prior_meta_path(cfg) == shipped[:-4] + ".json"
+    assert not os.listdir(tmp_path)  # nothing written to the cache

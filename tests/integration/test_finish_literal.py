@@ -5,6 +5,8 @@ extractor batch (CISPO advantages of the credited samples).
 One group of K = 4: rollouts 0, 1 guided by bank entries 0 and 1 (written by buffer samples 0 and 1),
 rollouts 2, 3 free. Scripted outcomes: [success, failure, success, failure]."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,7 +39,7 @@ def _scripted():
                                       jnp.ones((2, R), jnp.int32), jnp.array([2, 2]), jnp.full((2, R), -0.5),
                                       0, jnp.array([True, True]))
     assert ids.tolist() == [0, 1]
-    entry = jnp.broadcast_to(rt.action_ids[0], (2, L))
+    entry = jnp.broadcast_to(rt.tiny.action_ids[0], (2, L))
     keys = jax.random.normal(jax.random.key(1), (2, D))
     bank, slots = bank_lib.add_many(state.bank, entry, jnp.array([3, 3]), keys, jnp.zeros((2,), jnp.int32), 0,
                                     ids, jnp.array([True, True]))
@@ -51,7 +53,7 @@ def _scripted():
     p = loop.Prepared(tasks=tasks, task_tokens=rt.train_task_tokens[tasks], task_len=rt.train_task_len[tasks],
                       guided=has, q=jnp.concatenate([keys, keys]), bank=bank, slots=slot, exp=exp, exp_len=exp_len,
                       has_exp=has)
-    ep = play(state.actor.graphdef, state.actor.params, rt.env, rt.renderer, rt.seg, rt.action_ids,
+    ep = play(state.actor.graphdef, state.actor.params, rt.env, rt.renderer, rt.tiny.seg, rt.tiny.action_ids,
               jax.random.key(2), tasks=tasks, task_tokens=p.task_tokens, task_len=p.task_len, exp=exp,
               exp_len=exp_len, has_exp=has, num_turns=rt.num_turns, temperature=1.0)
     ep = ep._replace(success=jnp.asarray(SUCCESS), reward=jnp.asarray(SUCCESS, jnp.float32))  # the script
@@ -97,3 +99,25 @@ def test_actor_and_extractor_batches_literal():
     adv = adv[0] if adv.ndim == 2 else adv  # epochs stack the same batch
     got = sorted(float(x) for x in adv if x != 0.0)
     assert got == [-1.0, 1.0]
+
+
+def test_finish_trains_return_decisions_with_the_free_value():
+    """extraction.return_samples > 0: RETURN decisions enter the buffer as op-token-only samples credited with
+    the group's free value ((+1 - 1) / 2 = 0 for the scripted outcomes); 0 (the paper) stores none."""
+    rt, state, p, ep = _scripted()
+    new0, m0 = jax.jit(lambda s, p, e: loop.finish(rt, s, p, e))(state, p, ep)
+    assert float(m0["ops_return_trained"]) == 0.0
+    cfg = rt.cfg
+    rt4 = build(dataclasses.replace(cfg, extraction=dataclasses.replace(cfg.extraction, return_samples=4)))
+    new, m = jax.jit(lambda s, p, e: loop.finish(rt4, s, p, e))(state, p, ep)
+    n = int(m["ops_return_trained"])
+    assert n == min(4, int(m["ops_return"])) and n >= 1  # ops_return counts the valid no-write decisions
+    buf = new.buffer
+    extra = np.asarray(buf.valid & (buf.sample_id >= 2) & (buf.response_len == 1))
+    assert int(extra.sum()) == n
+    np.testing.assert_array_equal(np.asarray(buf.reward_sum)[extra], 0.0)
+    np.testing.assert_array_equal(np.asarray(buf.reward_count)[extra], 1)
+    # the op token of each stored sample writes nothing: <RETURN>, or <UPDATE> with no retrieved entry
+    assert set(np.asarray(buf.response)[extra, 0].tolist()) <= {int(rt.tiny.op_ids[1]), int(rt.tiny.op_ids[2])}
+    # writes and their ids are the same as without it (RETURN samples are added after them)
+    np.testing.assert_array_equal(new.bank.tokens, new0.bank.tokens)

@@ -29,7 +29,7 @@ SMALL = {"rollout": {"groups": 2, "group_size": 2, "max_action_tokens": 8},
 def rt():
     rt_, _ = small_runtime(SMALL)
     host = jax.tree_util.tree_map(np.asarray, tr.split(tr.create(rt_.actor_config, jax.random.key(0)))[1])
-    return dataclasses.replace(rt_, actor_weights=host, extractor_weights=host)  # one shared base
+    return dataclasses.replace(rt_, llm=dataclasses.replace(rt_.llm, actor_weights=host, extractor_weights=host))  # one base
 
 
 def _targets(rt, toks, mask):
@@ -51,12 +51,13 @@ def test_actor_rows_are_random_legal_moves_in_the_answer_format(rt):
 
 def test_extractor_rows_parse_into_operations_and_ignore_the_level_pools(rt):
     toks, mask = jax.jit(lambda k: fpm.extractor_rows(rt, k, 3))(jax.random.key(1))
-    ops = [parse_operations(rt.distill_pieces.prefill + t) for t in _targets(rt, toks, mask)]
+    ops = [parse_operations(rt.llm.distill_pieces.prefill + t) for t in _targets(rt, toks, mask)]
     assert all(len(o) == 1 and o[0].op in ("add", "return") for o in ops)
     assert any(o[0].op == "add" and o[0].text.startswith("<title>") for o in ops)
     # another level-pool seed: the same synthetic data (nothing here reads a level)
     other, _ = small_runtime({**SMALL, "env": {**SMALL["env"], "pool_seed": 7}})
-    other = dataclasses.replace(other, actor_weights=rt.actor_weights, extractor_weights=rt.extractor_weights)
+    other = dataclasses.replace(other, llm=dataclasses.replace(other.llm, actor_weights=rt.llm.actor_weights,
+                                                               extractor_weights=rt.llm.extractor_weights))
     toks2, _ = jax.jit(lambda k: fpm.extractor_rows(other, k, 3))(jax.random.key(1))
     np.testing.assert_array_equal(toks, toks2)
 
@@ -64,10 +65,10 @@ def test_extractor_rows_parse_into_operations_and_ignore_the_level_pools(rt):
 def test_fit_moves_only_adapters_cache_and_starting_weights(rt, tmp_path):
     rt_ = dataclasses.replace(rt, cfg=dataclasses.replace(
         rt.cfg, pretrain=dataclasses.replace(rt.cfg.pretrain, cache_dir=str(tmp_path))))
-    before = jax.tree_util.tree_map(np.copy, rt_.actor_weights)
+    before = jax.tree_util.tree_map(np.copy, rt_.llm.actor_weights)
     ad = fpm.format_prior_adapters(rt_)
     assert (tmp_path / f"format-prior-{fpm.format_prior_id(rt_.cfg)}.npz").exists()
-    for x, y in zip(jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(rt_.actor_weights)):
+    for x, y in zip(jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(rt_.llm.actor_weights)):
         np.testing.assert_array_equal(x, y)  # the shared base is never written
     assert float(jnp.abs(ad["actor"]["wq"]["b"]).max()) > 0  # the adapters moved (one step here)
     assert float(jnp.abs(ad["extractor"]["wq"]["b"]).max()) == 0  # zero steps: a fresh adapter
@@ -75,6 +76,11 @@ def test_fit_moves_only_adapters_cache_and_starting_weights(rt, tmp_path):
     cached = fpm.format_prior_adapters(rt_)  # from disk
     for x, y in zip(jax.tree_util.tree_leaves(ad), jax.tree_util.tree_leaves(cached)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    said = []  # `crl-jax pretrain --refit`: fits again past the memo and the cache (the same fit: same seed)
+    refit = fpm.format_prior_adapters(rt_, log=said.append, refit=True)
+    assert any(m.startswith("training the format prior") for m in said), said
+    for x, y in zip(jax.tree_util.tree_leaves(ad), jax.tree_util.tree_leaves(refit)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
     w = fpm.starting_weights(rt_)
     assert not np.array_equal(w["actor"]["wq"][...], before["wq"][...])
     np.testing.assert_array_equal(w["actor"]["embed"][...], before["embed"][...])  # not a LoRA target

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from _llm_common import small_runtime
 
-import crl_jax.backends.llm as L
 from crl_jax import loop as tiny
 from crl_jax.backends.llm.distill import parse_responses
+from crl_jax.backends.llm.dry_run import dry_run
 from crl_jax.backends.llm.rollout import play
+from crl_jax.backends.llm.runtime import is_llm_config
 from crl_jax.config import load
 from crl_jax.extractor.ops_json import parse_operations_with_stats
 from crl_jax.models import transformer as tr
@@ -37,8 +38,8 @@ def rt():
 
 
 def test_is_llm_config():
-    assert not L.is_llm_config(load(None, {}))
-    assert L.is_llm_config(load(None, {"actor": {"preset": "smollm2-135m"}}))
+    assert not is_llm_config(load(None, {}))
+    assert is_llm_config(load(None, {"actor": {"preset": "smollm2-135m"}}))
 
 
 @pytest.mark.parametrize("reply,action", [
@@ -51,7 +52,7 @@ def test_free_text_actions_through_the_loops_parser(rt, reply, action):
     r, _ = rt
     ids = r.tokenizer.encode(reply)
     toks = jnp.asarray(ids + [0] * (24 - len(ids)), jnp.int32)
-    assert int(r.answer_parser(toks, jnp.int32(len(ids)))) == action
+    assert int(r.llm.answer_parser(toks, jnp.int32(len(ids)))) == action
 
 
 def test_rollout_invalid_replies_count_and_leave_env_unchanged(rt):
@@ -122,7 +123,7 @@ def test_json_fuzz_through_the_loops_callback(rt):
         assert not out["mask"][~out["valid"]].any()
         for i in range(0, B, 97):  # spot-check against the host parser on the decoded text
             # the reply continues the prompt's prefill ('<answer>[' by default): the parser reads both
-            text = r.distill_pieces.prefill + tok.decode(rows[i])
+            text = r.llm.distill_pieces.prefill + tok.decode(rows[i])
             assert out["valid"][i] == parse_operations_with_stats(text)[1].valid
         n_valid += int(out["valid"].sum())
     assert 0 < n_valid < 10 * B
@@ -133,8 +134,8 @@ def test_json_fuzz_through_the_loops_callback(rt):
 @pytest.mark.heavy  # 2 compiled steps of random models; CI runs the same compiled chunk in test_llm_smoke.py
 def test_compiled_chunk_has_the_loop_metrics(rt):
     r, cfg = rt
-    st = L.init_state(r, jax.random.key(0), cfg)
-    fn = L.compiled_chunk(r, 2)
+    st = tiny.init_state(r, jax.random.key(0), cfg)
+    fn = tiny.compiled_chunk(r, 2)
     st2, m = fn(st, jnp.int32(2))
     m = jax.device_get(m)
     keys = {"success_guided", "success_free", "success_all", "retrieved_frac", "episode_turns", "bank_size",
@@ -153,7 +154,7 @@ def test_compiled_chunk_has_the_loop_metrics(rt):
 
 def test_qwen_paper_dry_run():
     cfg = load(os.path.join(ROOT, "experiments", "configs", "qwen_paper.yaml"))
-    out = L.dry_run(dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, preset="qwen2.5-7b"),
+    out = dry_run(dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, preset="qwen2.5-7b"),
                                         extractor=dataclasses.replace(cfg.extractor, preset="qwen3-4b")))
     assert 7.6e9 < out["actor"]["num_params"] < 7.7e9 and 4.0e9 < out["extractor"]["num_params"] < 4.1e9
     assert out["actor"]["param_bytes"] == 2 * out["actor"]["num_params"]  # bfloat16

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from _llm_common import small_runtime
 
-import crl_jax.backends.llm as L
 from crl_jax import loop
 from crl_jax.backends.llm import adapters
 from crl_jax.backends.llm import format_prior as fpm
@@ -38,7 +37,7 @@ def shared():
     """(runtime whose two models load the same host weights, config)."""
     rt, cfg = small_runtime(SMALL)
     host = jax.tree_util.tree_map(np.asarray, tr.split(tr.create(rt.actor_config, jax.random.key(5)))[1])
-    return dataclasses.replace(rt, actor_weights=host, extractor_weights=host), cfg
+    return dataclasses.replace(rt, llm=dataclasses.replace(rt.llm, actor_weights=host, extractor_weights=host)), cfg
 
 
 def _with(cfg, **lora_kw):
@@ -55,11 +54,11 @@ def _nbytes(tree) -> int:
 
 def test_shared_base_is_one_array_and_the_optimizer_sees_only_adapters(shared):
     rt, cfg = shared
-    st = L.init_state(rt, jax.random.key(0), cfg)
+    st = loop.init_state(rt, jax.random.key(0), cfg)
     a, e = st.actor.params, st.extractor.params
     assert lora.is_lora(a) and lora.is_lora(e) and a.base is None and e.base is not None
     # the one base is the checkpoint's weights
-    for x, y in zip(_leaves(e.base), _leaves(rt.extractor_weights)):
+    for x, y in zip(_leaves(e.base), _leaves(rt.llm.extractor_weights)):
         np.testing.assert_array_equal(x, y)
     base_leaves = {id(x) for x in jax.tree_util.tree_leaves(e.base)}
     all_leaves = jax.tree_util.tree_leaves(st)
@@ -67,15 +66,16 @@ def test_shared_base_is_one_array_and_the_optimizer_sees_only_adapters(shared):
     assert len({x.unsafe_buffer_pointer() for x in all_leaves if x.size > 1}) == sum(x.size > 1 for x in all_leaves)
     # parameter memory: one base + two adapter sets; optimizer moments shaped like the adapters only
     ad_bytes = _nbytes(a.adapters) + _nbytes(e.adapters)
-    assert _nbytes((a, e)) == _nbytes(rt.extractor_weights) + ad_bytes
+    assert _nbytes((a, e)) == _nbytes(rt.llm.extractor_weights) + ad_bytes
     for s in (st.actor, st.extractor):
         mu = s.opt_state[1][0].mu
         assert jax.tree_util.tree_structure(mu) == jax.tree_util.tree_structure(s.params.adapters)
-    full = L.init_state(rt, jax.random.key(0), _with(cfg, train=False))
-    assert _nbytes((full.actor.params, full.extractor.params)) == 2 * _nbytes(rt.extractor_weights)
+    full = loop.init_state(rt, jax.random.key(0), _with(cfg, train=False))
+    assert _nbytes((full.actor.params, full.extractor.params)) == 2 * _nbytes(rt.llm.extractor_weights)
     assert _nbytes((st.actor, st.extractor)) < _nbytes((full.actor, full.extractor)) / 2
     # without a shared checkpoint (random init, different keys) each model holds its own base
-    own = L.init_state(dataclasses.replace(rt, actor_weights=None, extractor_weights=None), jax.random.key(0), cfg)
+    no_weights = dataclasses.replace(rt, llm=dataclasses.replace(rt.llm, actor_weights=None, extractor_weights=None))
+    own = loop.init_state(no_weights, jax.random.key(0), cfg)
     assert own.actor.params.base is not None and own.extractor.params.base is not None
 
 
@@ -96,7 +96,7 @@ def _batches(rt, st, key):
 
 def test_co_update_moves_only_adapters_and_keeps_the_base_bit_identical(shared):
     rt, cfg = shared
-    st = L.init_state(rt, jax.random.key(0), cfg)
+    st = loop.init_state(rt, jax.random.key(0), cfg)
     before = jax.device_get((st.actor, st.extractor))
     ab, eb = _batches(rt, st, jax.random.key(1))
     a2, e2, m = rt.co_update(st.actor, st.extractor, ab, eb)
@@ -123,8 +123,8 @@ def test_co_update_moves_only_adapters_and_keeps_the_base_bit_identical(shared):
 
 def test_zero_init_adapters_play_the_full_weights_first_rollouts(shared):
     rt, cfg = shared
-    st_l = L.init_state(rt, jax.random.key(0), cfg)
-    st_f = L.init_state(rt, jax.random.key(0), _with(cfg, train=False))
+    st_l = loop.init_state(rt, jax.random.key(0), cfg)
+    st_f = loop.init_state(rt, jax.random.key(0), _with(cfg, train=False))
     assert all(float(jnp.abs(v["b"]).max()) == 0 for v in st_l.actor.params.adapters.values())
     p = loop.prepare(rt, st_f)
     key = loop.step_keys(st_f).roll
@@ -146,8 +146,8 @@ def test_format_prior_adapters_start_both_modes_at_the_same_weights(shared):
     pid = fpm.format_prior_id(rt.cfg)
     fpm._MEMO[pid] = prior
     try:
-        st_l = L.init_state(rt, jax.random.key(0), cfg)
-        st_f = L.init_state(rt, jax.random.key(0), _with(cfg, train=False))
+        st_l = loop.init_state(rt, jax.random.key(0), cfg)
+        st_f = loop.init_state(rt, jax.random.key(0), _with(cfg, train=False))
     finally:
         del fpm._MEMO[pid]
     assert st_l.actor.params.base is None  # the prior lives in the adapters: the base stays shared
@@ -162,8 +162,8 @@ def test_format_prior_adapters_start_both_modes_at_the_same_weights(shared):
 @pytest.mark.slow  # one compiled LLM chunk: ~3.5 min on 2 shared CPU cores
 def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(shared, tmp_path):
     rt, cfg = shared
-    chunk = L.compiled_chunk(rt, 1)
-    fresh = lambda: L.init_state(rt, jax.random.key(3), cfg)  # noqa: E731  (chunks donate their input)
+    chunk = loop.compiled_chunk(rt, 1)
+    fresh = lambda: loop.init_state(rt, jax.random.key(3), cfg)  # noqa: E731  (chunks donate their input)
     st, m1 = chunk(fresh(), jnp.int32(2))
     ck = Checkpointer(str(tmp_path), keep=2, writer=True)
     ck.save(1, st)
@@ -180,7 +180,7 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(shared, tmp_path)
             np.asarray(jax.random.key_data(y) if jnp.issubdtype(y.dtype, jax.dtypes.prng_key) else y)
         np.testing.assert_array_equal(x, y)
     # two steps of RL moved the adapters, not the shared base
-    for x, y in zip(_leaves(got[0].extractor.params.base), _leaves(rt.extractor_weights)):
+    for x, y in zip(_leaves(got[0].extractor.params.base), _leaves(rt.llm.extractor_weights)):
         np.testing.assert_array_equal(x, y)
     assert float(want[2]["actor/updated"][0]) == 1.0
 

@@ -102,15 +102,15 @@ def test_free_rollouts_never_see_bank_content():
     rt = build(cfg)
     state = loop.init_state(rt, jax.random.key(0), cfg)
     L = cfg.bank.entry_len
-    entry = jnp.full((3, L), rt.action_ids[0]).at[:, 3:].set(0)
+    entry = jnp.full((3, L), rt.tiny.action_ids[0]).at[:, 3:].set(0)
     tasks = jnp.zeros((3,), jnp.int32)
     kw = dict(tasks=tasks, task_tokens=rt.train_task_tokens[tasks], task_len=rt.train_task_len[tasks],
               num_turns=rt.num_turns, temperature=0.0, reset_keys=jnp.stack([jax.random.key(5)] * 3))
-    ep = jax.jit(lambda p: play(state.actor.graphdef, p, rt.env, rt.renderer, rt.seg, rt.action_ids,
+    ep = jax.jit(lambda p: play(state.actor.graphdef, p, rt.env, rt.renderer, rt.tiny.seg, rt.tiny.action_ids,
                                 jax.random.key(1), exp=entry, exp_len=jnp.array([3, 3, 0]),
                                 has_exp=jnp.array([True, False, False]), **kw))(state.actor.params)
     p = np.asarray(ep.prompts)
     np.testing.assert_array_equal(p[1], p[2])  # free with an entry offered == free with nothing
     n0, n1 = int(ep.prompt_len[0, 0]), int(ep.prompt_len[1, 0])
-    tip = rt.tokenizer.decode([int(t) for t in rt.seg.exp_prefix[: int(rt.seg.exp_prefix_len)]])  # the tip marker
+    tip = rt.tokenizer.decode([int(t) for t in rt.tiny.seg.exp_prefix[: int(rt.tiny.seg.exp_prefix_len)]])  # the tip marker
     assert tip in rt.tokenizer.decode(p[0, 0, :n0]) and tip not in rt.tokenizer.decode(p[1, 0, :n1])

@@ -122,7 +122,7 @@ def test_host_prompts_equal_build_prompt_and_free_rows_see_no_bank(rt, two_steps
     @jax.jit
     def expected(has_exp):  # build_prompt for every (episode, turn), one compiled call
         per_turn = lambda a, b, c, d, e, o, ol: jax.vmap(
-            lambda t, oo, ll: build_prompt(a, b, c, d, e, rt.seg, t, oo, ll, turn_marker=True))(jnp.arange(T), o, ol)
+            lambda t, oo, ll: build_prompt(a, b, c, d, e, rt.tiny.seg, t, oo, ll, turn_marker=True))(jnp.arange(T), o, ol)
         return jax.vmap(per_turn)(p.task_tokens, p.task_len, p.exp, p.exp_len, has_exp, obs_nt, len_nt)
 
     want, wl = expected(p.has_exp)

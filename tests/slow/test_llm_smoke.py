@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import crl_jax.backends.llm as L
+from crl_jax import loop
 from crl_jax.config import load
 from crl_jax.infra.metrics import MetricsWriter, read_csv, rows_from_chunk
+from crl_jax.loop.runtime import build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -34,18 +35,18 @@ def test_smollm2_smoke_two_iterations(tmp_path, layers):
         # preset's format prior, one step each (CI time; the pipeline is the same as the preset's 8 + 8)
         f"actor.truncate_layers={layers}", f"extractor.truncate_layers={layers}"])
     t0 = time.time()
-    rt = L.build(cfg)
+    rt = build(cfg)
     assert rt.actor_config.num_layers == layers and rt.actor_config.vocab_size == 49152
-    state = L.init_state(rt, jax.random.key(0), cfg)
+    state = loop.init_state(rt, jax.random.key(0), cfg)
     # one frozen base (the checkpoint, held by the extractor), the actor's adapters start at the format prior's
     a, e = state.actor.params, state.extractor.params
     assert a.base is None and jax.tree_util.tree_leaves(e.base)[0].dtype == jnp.bfloat16
     assert all(float(jnp.abs(v["b"]).max()) > 0 for v in a.adapters.values())
     a0 = jax.device_get(a.adapters)
     t1 = time.time()
-    state, metrics = L.compiled_chunk(rt, 2)(state, jnp.int32(2))
+    state, metrics = loop.compiled_chunk(rt, 2)(state, jnp.int32(2))
     metrics = jax.device_get(metrics)
-    for x, y in zip(jax.tree_util.tree_leaves(state.extractor.params.base), jax.tree_util.tree_leaves(rt.extractor_weights)):
+    for x, y in zip(jax.tree_util.tree_leaves(state.extractor.params.base), jax.tree_util.tree_leaves(rt.llm.extractor_weights)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # the base is never written
     moved = [not np.array_equal(x, y) for x, y in zip(jax.tree_util.tree_leaves(state.actor.params.adapters),
                                                       jax.tree_util.tree_leaves(a0))]

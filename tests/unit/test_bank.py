@@ -167,6 +167,48 @@ def test_recent_penalty_and_never_is_not_recent():
     assert slots.tolist() == [[0]]  # -1 never counts as recent, even when step - (-1) <= recent_steps
 
 
+def test_make_retriever_binds_the_hyperparameters_once():
+    b = _filled([[1, 0.0], [1, 0.05], [0, 1]]).replace(last_retrieved_step=jnp.array([9, -1, -1]),
+                                                      total_credit_sum=jnp.array([0.0, 1.0, 0.0]),
+                                                      total_credit_count=jnp.array([0, 1, 0]))
+    q, task, mask = jnp.array([[1.0, 0.0], [0.0, 1.0]]), jnp.zeros(2, jnp.int32), jnp.array([True, False])
+    kw = dict(candidates=2, diversity_lambda=0.0, recent_steps=1, demote_p=1.0, min_similarity=0.5)
+    r = B.make_retriever(**kw, used_bonus=1e-6, credit_bonus=1e-4)
+    got = jax.jit(r.retrieve)(b, q, task, jax.random.key(0), 10, query_mask=mask)
+    want = B.retrieve(b, q, task, jax.random.key(0), 10, query_mask=mask, **kw)
+    chex.assert_trees_all_equal(got, want)
+    assert got[1].tolist() == [[1], [-1]]  # slot 0 was retrieved in the previous step: demoted (p = 1)
+    chex.assert_trees_all_equal(r.best(b, q, task),
+                                B.retrieve_best(b, q, task, min_similarity=0.5, used_bonus=1e-6, credit_bonus=1e-4))
+    # cosine 1 vs 0.9988: the credit bonus (1e-4) does not outweigh it; the floor 0.5 keeps slot 2 for query 2
+    assert [x.tolist() for x in r.best(b, q, task)] == [[0, 2], [True, True]]
+
+
+def test_make_bank_ops_binds_the_hyperparameters_once():
+    kw = dict(candidates=2, diversity_lambda=0.0, recent_steps=1, demote_p=1.0, min_similarity=0.5)
+    ops = B.make_bank_ops(capacity=3, entry_len=L, key_dim=D, eviction="lru", prune_below=0.5, **kw)
+    chex.assert_trees_all_equal(ops.init(), B.init(3, L, D))
+    b = _filled([[1, 0.0], [1, 0.05], [0, 1]]).replace(last_retrieved_step=jnp.array([9, -1, 4]))
+    # a full bank: lru evicts the least recently used entry (last use = max(retrieved, updated) = [9, 0, 4])
+    got = jax.jit(ops.add)(b, _tok(7), 2, jnp.array([0.0, 1.0]), 0, 11, 42)
+    chex.assert_trees_all_equal(got, B.add(b, _tok(7), 2, jnp.array([0.0, 1.0]), 0, 11, 42, eviction="lru"))
+    assert int(got[1]) == 1
+    rows = (jnp.stack([_tok(7), _tok(8)]), jnp.array([2, 2]), jnp.eye(2), jnp.zeros(2, jnp.int32), 11,
+            jnp.array([42, 43]), jnp.array([True, True]))
+    chex.assert_trees_all_equal(ops.add_many(b, *rows), B.add_many(b, *rows, eviction="lru"))
+    reward, credited = jnp.array([0.25, 0.5, -1.0]), jnp.array([True, True, False])
+    pruned, n = ops.prune(b, reward, credited)
+    chex.assert_trees_all_equal((pruned, n), B.prune(b, reward, credited, 0.5))
+    assert pruned.valid.tolist() == [False, True, True] and int(n) == 1  # 0.5 is not below 0.5; slot 2 uncredited
+    q, task = jnp.array([[1.0, 0.0]]), jnp.zeros(1, jnp.int32)
+    chex.assert_trees_all_equal(ops.retrieve(b, q, task, jax.random.key(0), 10),
+                                B.retrieve(b, q, task, jax.random.key(0), 10, **kw))
+    chex.assert_trees_all_equal(ops.best(b, q, task), B.retrieve_best(b, q, task, min_similarity=0.5))
+    assert int(ops.size(pruned)) == 2
+    with pytest.raises(ValueError):
+        B.make_bank_ops(capacity=3, entry_len=L, key_dim=D, eviction="newest")
+
+
 @pytest.mark.parametrize("p", [0.5, 0.2])
 def test_demotion_frequency_binomial(p):
     b = _filled([[1, 0.0], [1, 0.3], [0, 1]]).replace(last_retrieved_step=jnp.array([9, 9, -1]))

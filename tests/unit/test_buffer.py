@@ -129,3 +129,63 @@ def test_jit_eager_vmap_and_retrace_guard():
 def test_bad_batch_raises():
     with pytest.raises(ValueError):
         XB.pop_batch(XB.init(2, P, R), 3, 0)
+
+
+def test_make_buffer_ops_binds_the_hyperparameters_once():
+    ops = XB.make_buffer_ops(capacity=4, prompt_len=P, response_len=R, batch=2, cooldown=2, power=1.0)
+    buf = ops.init()
+    chex.assert_trees_all_equal(buf, XB.init(4, P, R))
+    buf, ids = ops.add_many(buf, *_rows([5, 6, 7])[:5], 0, jnp.ones(3, bool))
+    buf = ops.credit(buf, ids, jnp.array([1.0, -1.0, 0.5]), jnp.ones(3, jnp.int32), jnp.array([True, False, True]))
+    assert bool(ops.ready(buf)) and not bool(XB.ready(buf, 3))  # batch 2 bound: two samples pending
+    weights = []
+    for step in (3, 4, 6):  # then sample 2 alone, credited again: inside the cooldown of 2, then after it
+        got = jax.jit(ops.pop_batch)(buf, step)
+        chex.assert_trees_all_equal(got, XB.pop_batch(buf, 2, step, cooldown=2, power=1.0))
+        weights.append(got[1]["weight"].tolist())
+        buf = ops.credit(got[0], ids, jnp.full(3, 0.25), jnp.ones(3, jnp.int32), jnp.array([False, False, True]))
+        assert not bool(ops.ready(buf))
+    assert got[1]["sample_id"].tolist() == [2, -1]
+    np.testing.assert_allclose(weights, [[1.0, 1.0], [0.0, 0.0], [1 / 3, 0.0]], rtol=1e-6)  # (1 + 2)^-1
+    with pytest.raises(ValueError):
+        XB.make_buffer_ops(capacity=2, prompt_len=P, response_len=R, batch=3)
+
+
+def test_store_returns_literal():
+    """RETURN decisions (extraction.return_samples): at most `num` of the candidates, in episode order,
+    each stored with the response length given (the op token alone) and credited once with its value."""
+    from crl_jax.extractor.distill import store_returns
+
+    buf = XB.init(8, 3, 4)
+    N = 5
+    prompts = jnp.arange(N * 2, dtype=jnp.int32).reshape(N, 2)  # narrower than the buffer: padded
+    plen = jnp.full((N,), 2, jnp.int32)
+    resp = jnp.arange(N * 3, dtype=jnp.int32).reshape(N, 3) + 100
+    logp = -jnp.arange(N * 3, dtype=jnp.float32).reshape(N, 3) / 10
+    is_ret = jnp.array([True, False, True, True, False])
+    ok = jnp.array([True, True, True, False, True])  # episode 3's group has no free member
+    value = jnp.array([0.5, 9.0, -0.25, 9.0, 9.0])
+    key = jax.random.key(0)
+    # enough room: both candidates (0 and 2), ids in episode order
+    out, chosen = jax.jit(lambda b: store_returns(b, is_ret, prompts, plen, resp, jnp.ones((N,), jnp.int32),
+                                                  logp, value, ok, 4, key, 3))(buf)
+    np.testing.assert_array_equal(chosen, [True, False, True, False, False])
+    assert out.sample_id[:3].tolist() == [0, 1, -1]
+    np.testing.assert_array_equal(out.response[0], [100, 101, 102, 0])
+    np.testing.assert_array_equal(out.response[1], [106, 107, 108, 0])
+    np.testing.assert_array_equal(out.prompt[1], [4, 5, 0])
+    assert out.response_len[:2].tolist() == [1, 1]
+    np.testing.assert_allclose(out.behavior_logp[1, :3], [-0.6, -0.7, -0.8], rtol=1e-6)
+    np.testing.assert_allclose(out.reward_sum[:2], [0.5, -0.25])
+    assert out.reward_count[:2].tolist() == [1, 1] and int(out.created_step[0]) == 3
+    assert int(XB.pending(out)) == 2
+    # a cap of 1 keeps exactly one of the two candidates
+    one, chosen1 = store_returns(buf, is_ret, prompts, plen, resp, jnp.ones((N,), jnp.int32), logp, value, ok, 1,
+                                 key, 3)
+    assert int(chosen1.sum()) == 1 and bool((chosen1 <= (is_ret & ok)).all())
+    assert int(XB.pending(one)) == 1
+    # 0: nothing stored, the buffer unchanged
+    none, chosen0 = store_returns(buf, is_ret, prompts, plen, resp, jnp.ones((N,), jnp.int32), logp, value, ok, 0,
+                                  key, 3)
+    assert not bool(chosen0.any())
+    chex.assert_trees_all_equal(none, buf)

@@ -37,6 +37,9 @@ def test_parse_overrides_nested():
     (["extraction.buffer_capacity=8", "extraction.batch=8"], "extraction.buffer_capacity"),
     (["actor.lr=-1"], "actor.lr"),
     (["method=offline"], "bank.offline_path"),
+    (["extraction.return_samples=-1"], "extraction.return_samples"),
+    (["extraction.op_explore=1.0"], "extraction.op_explore"),
+    (["extraction.op_explore=0.1", "extractor.preset=smollm2-135m"], "extraction.op_explore"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as e:

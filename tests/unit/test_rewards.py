@@ -46,6 +46,34 @@ class RewardsTest(chex.TestCase):
         er = self.variant(functools.partial(R.outcome_rewards, num_entries=3))(jnp.ones(4), -jnp.ones(4, jnp.int32))
         _check(er, [0.0] * 3, [0] * 3, [0.0] * 3)
 
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_return_values_literal(self):
+        # group 0: free members succeed / fail -> (+1 - 1)/2 = 0 for every member of the group;
+        # group 1: free members 1, 1, 0 -> (1 + 1 - 1)/3; group 2: no free member -> not ok, value 0.
+        outcomes = jnp.array([[1, 0, 1, 0], [0, 1, 1, 0], [1, 1, 1, 1]], jnp.float32)
+        guided = jnp.array([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]], bool)
+        v, ok = self.variant(functools.partial(R.return_values, "outcome"))(outcomes, guided)
+        np.testing.assert_allclose(v, [[0.0] * 4, [1 / 3] * 4, [0.0] * 4], atol=1e-6)
+        np.testing.assert_array_equal(ok, [[True] * 4, [True] * 4, [False] * 4])
+        # -1/+1 outcomes score the same; relative_to_free: playing free is the zero of the scale
+        v2, _ = self.variant(functools.partial(R.return_values, "outcome"))(2 * outcomes - 1, guided)
+        np.testing.assert_allclose(v2, v, atol=1e-6)
+        v3, ok3 = self.variant(functools.partial(R.return_values, "relative_to_free"))(outcomes, guided)
+        np.testing.assert_allclose(v3, np.zeros((3, 4)))
+        np.testing.assert_array_equal(ok3, ok)
+
+    def test_return_value_is_the_entry_scale(self):
+        # an entry whose guided rollouts did exactly as the free ones earns what a RETURN earns
+        outcomes = jnp.array([[1, 0, 1, 0]], jnp.float32)
+        guided = jnp.array([[1, 1, 0, 0]], bool)
+        ids = jnp.array([[0, 0, -1, -1]])
+        for variant in R.VARIANTS:
+            er = R.entry_rewards(variant, outcomes, ids, 1, guided=guided)
+            v, _ = R.return_values(variant, outcomes, guided)
+            np.testing.assert_allclose(er.mean[0], v[0, 0], atol=1e-6)
+        with pytest.raises(ValueError, match="unknown extractor reward"):
+            R.return_values("bogus", outcomes, guided)
+
     def test_dispatch_and_errors(self):
         outcomes, ids = jnp.array([1.0, 0.0]), jnp.array([0, 0])
         _check(R.entry_rewards("outcome", outcomes, ids, 1), [0.0], [2], [0.0])

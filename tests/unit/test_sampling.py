@@ -104,6 +104,49 @@ def test_sample_logits_hand_computed():
     np.testing.assert_allclose(jax.nn.softmax(x)[0], np.array([0.25, 0.09, 0.04]) / 0.38, atol=1e-6)
 
 
+def test_first_token_mixture_literal():
+    """SamplerConfig.first_mix: the first token comes from (1 - m) p + m * uniform(allowed) with that
+    log-prob; later tokens are unmixed."""
+    lg = jnp.log(jnp.array([[0.5, 0.3, 0.2, 1e-30]]))
+    allowed = jnp.array([True, True, False, True])  # p over the allowed set: (.5, .3, ~0) / .8
+    m = 0.3
+    p = np.array([0.5, 0.3, 0.0, 0.0]) / 0.8
+    want = (1 - m) * p + m / 3 * np.array([1, 1, 0, 1])
+    got = np.exp(S.mix_uniform(jax.nn.log_softmax(S.filter_logits(lg, allowed=allowed)), jnp.float32(m)))
+    np.testing.assert_allclose(got[0], want, atol=1e-6)
+    keys = jax.random.split(jax.random.key(0), 4000)
+    toks, lps = jax.vmap(lambda k: S.sample_logits(lg, k, allowed=allowed, mix=jnp.float32(m)))(keys)
+    toks, lps = np.asarray(toks[:, 0]), np.asarray(lps[:, 0])
+    np.testing.assert_allclose(lps, np.log(want[toks]), atol=1e-5)  # the mixture's log-prob, token by token
+    assert 2 not in toks  # never a disallowed token
+    np.testing.assert_allclose(np.mean(toks == 3), m / 3, atol=0.02)  # the ~0-probability token: m/3 of draws
+    # m = 0 is the plain distribution
+    np.testing.assert_allclose(np.exp(S.mix_uniform(jnp.log(jnp.array([[0.25, 0.75]])), jnp.float32(0.0))),
+                               [[0.25, 0.75]], atol=1e-7)
+
+
+def test_first_mix_in_sample_tokens(model):
+    """Through the decode loop: only the first step is mixed (its log-prob >= log(m / n_allowed)); the later
+    tokens and log-probs equal an unmixed run's given the same first token."""
+    allowed = np.zeros((N, V), bool)
+    allowed[0, [3, 4, 5]] = True
+    allowed[1:, :] = True
+    pb, lb = batch(PROMPTS)
+    cfg = S.SamplerConfig(max_new_tokens=N, temperature=1.0, first_mix=0.6)
+    toks, lps, _ = S.sample_tokens(*model, pb, lb, jax.random.key(1), cfg, jnp.broadcast_to(jnp.asarray(allowed), (3, N, V)))
+    assert set(np.asarray(toks[:, 0]).tolist()) <= {3, 4, 5}
+    assert (np.asarray(lps[:, 0]) >= np.log(0.6 / 3) - 1e-6).all()
+    ref = ref_logits(model, [pr + np.asarray(toks[b]).tolist() for b, pr in enumerate(PROMPTS)])
+    for b, pr in enumerate(PROMPTS):
+        for t in range(N):
+            lp_ref = ref_filter(ref[b, len(pr) + t - 1], 1.0, 0, 1.0, allowed[t])
+            if t == 0:  # the mixture over the 3 allowed first tokens
+                lp_ref = np.log(0.4 * np.exp(lp_ref) + 0.6 / 3 * allowed[0])
+            np.testing.assert_allclose(float(lps[b, t]), lp_ref[int(toks[b, t])], atol=1e-4)
+    with pytest.raises(ValueError, match="first_mix"):
+        S.SamplerConfig(max_new_tokens=2, first_mix=1.0)
+
+
 def test_bad_config():
     with pytest.raises(ValueError, match="top_p"):
         S.SamplerConfig(max_new_tokens=2, top_p=0.0)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from crl_jax.config import ConfigError
+from crl_jax.envs.adapters import make_adapter  # a registry: the simulators are imported only by make_adapter
 
 HOST_KEYS = {"legend": True, "max_obs_tokens": 256}
 # Adapters whose action set is fixed (one constrained token per action); text adapters change it per state.
@@ -42,16 +43,12 @@ class HostEnv:
     is_host: bool = True
 
     def make(self):
-        from crl_jax.envs.adapters import make_adapter
-
         return make_adapter(self.name, pool=self.pool, num_tasks=self.num_tasks, pool_seed=self.pool_seed,
                             **self.adapter_params)
 
 
 def host_envs(cfg) -> tuple[HostEnv, HostEnv]:
     """(train pool, eval pool) descriptors of `cfg.env` (a host adapter name); probes one game."""
-    from crl_jax.envs.adapters import make_adapter
-
     e = cfg.env
     if e.name not in _FIXED_ACTIONS:
         raise ConfigError(f"env.name={e.name!r}: this host adapter has a per-state action set (admissible "

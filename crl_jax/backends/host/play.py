@@ -47,7 +47,7 @@ def compiled(rt) -> Fns:
     """The jitted pieces of one Runtime, built once (shared by every seed, method and run length)."""
     cfg = rt.cfg
     N = cfg.rollout.groups * cfg.rollout.group_size
-    allowed = action_allowed_mask(rt.action_ids, rt.vocab_size)
+    allowed = action_allowed_mask(rt.tiny.action_ids, rt.vocab_size)
 
     def begin(state):
         roll = step_keys(state).roll
@@ -63,8 +63,8 @@ def compiled(rt) -> Fns:
     def turn_at(temperature):
         def turn(params, k_play, t, task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len):
             chex.assert_rank([task_tokens, exp, obs, obs_len], [2, 2, 2, 1])
-            return sample_turn(rt.actor_graphdef, params, rt.seg, allowed, rt.action_ids, k_play, t, task_tokens,
-                               task_len, exp, exp_len, has_exp, obs, obs_len, temperature=temperature,
+            return sample_turn(rt.actor_graphdef, params, rt.tiny.seg, allowed, rt.tiny.action_ids, k_play, t,
+                               task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len, temperature=temperature,
                                turn_marker=cfg.rollout.turn_marker)
 
         return jax.jit(_guard("turn", turn))
@@ -75,10 +75,9 @@ def compiled(rt) -> Fns:
         tl = (rt.eval_task_len if heldout else rt.train_task_len)[:n]
 
         def eval_query(state, obs, obs_len):
-            q = query_from_observation(rt, tt, tl, obs, obs_len)
-            _, _, exp, exp_len, has = retrieve_entries(rt, state.bank, None, state.step, q,
-                                                            jnp.broadcast_to(state.flags.uses_bank, (n,)),
-                                                            diverse=False)
+            q = query_from_observation(rt.embedder, tt, tl, obs, obs_len)
+            _, _, exp, exp_len, has = retrieve_entries(rt.bank_ops, state.bank, None, state.step, q,
+                                                       jnp.broadcast_to(state.flags.uses_bank, (n,)), diverse=False)
             return exp, exp_len, has
 
         return jax.jit(_guard("eval_query", eval_query))

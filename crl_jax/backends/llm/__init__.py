@@ -1,13 +1,9 @@
 """The LLM path: pretrained instruct models as actor and extractor, chat prompts, free-text actions,
 JSON operations (METHOD.md §2 with real language models).
 
-Entry points used by `crl_jax.infra.run`:
-- `build(cfg) -> LLMRuntime` (cached; hashed by identity),
-- `init_state(rt, key, cfg) -> crl_jax.loop.LoopState` and `compiled_chunk(rt, n)` -> jitted
-  `(state, last_step) -> (state, metrics [n])`: `crl_jax.loop`'s, on the LLM backend (`crl_jax.backends.llm.backend`),
-- `is_llm_config(cfg)`; and `dry_run(cfg)` (parameter / optimizer shapes without weights).
+Its Runtime comes from the one entry `crl_jax.loop.runtime.build(cfg)` (LLM configs: `runtime.is_llm_config`,
+built by `runtime.py`, the path's pieces in `rt.llm`); it runs the one iteration of `crl_jax.loop`
+(`init_state`, `compiled_chunk`) on the LLM backend (`backend.py`). `dry_run.dry_run(cfg)`: parameter /
+optimizer shapes without weights. This package's `__init__` imports nothing: `crl_jax.backends.base`
+reads the prompt-piece types of `prompt_pieces.py` without pulling in the loop.
 """
-
-from crl_jax.backends.llm.dry_run import dry_run  # noqa: F401
-from crl_jax.loop import compiled_chunk, init_state, iteration  # noqa: F401  (one iteration for every path)
-from crl_jax.backends.llm.runtime import LLMRuntime, build, is_llm_config  # noqa: F401

@@ -38,7 +38,7 @@ def enabled(cfg) -> bool:
 
 def same_checkpoint(rt) -> bool:
     """Are actor and extractor one checkpoint: the same model config and bit-identical loaded weights."""
-    a, e = rt.actor_weights, rt.extractor_weights
+    a, e = rt.llm.actor_weights, rt.llm.extractor_weights
     if a is None or e is None or rt.actor_config != rt.extractor_config:
         return False
     if a is e:
@@ -60,10 +60,10 @@ def init_lora_models(rt, cfg, k_a, k_e, prior=None):
     `prior`: the format prior's adapters {"actor", "extractor"} (their starting point), or None (fresh)."""
     lc = cfg.lora
     s, targets = lora.scale(lc.rank, lc.alpha), lora.parse_targets(lc.targets)
-    e_base = _base(rt.extractor_graphdef, rt.extractor_config, rt.extractor_weights,
+    e_base = _base(rt.extractor_graphdef, rt.extractor_config, rt.llm.extractor_weights,
                    jax.random.fold_in(k_e, cfg.extractor.init_seed))
     shared = same_checkpoint(rt)
-    a_base = None if shared else _base(rt.actor_graphdef, rt.actor_config, rt.actor_weights,
+    a_base = None if shared else _base(rt.actor_graphdef, rt.actor_config, rt.llm.actor_weights,
                                        jax.random.fold_in(k_a, cfg.actor.init_seed))
 
     def adapters(name, base, key):

@@ -60,7 +60,7 @@ def init_models(rt, cfg, k_a, k_e):
     if adapters.enabled(cfg):
         prior = format_prior_adapters(rt) if cfg.format_prior.enabled else None
         return adapters.init_lora_models(rt, cfg, k_a, k_e, prior)
-    a_w, e_w = rt.actor_weights, rt.extractor_weights
+    a_w, e_w = rt.llm.actor_weights, rt.llm.extractor_weights
     if cfg.format_prior.enabled:  # METHOD.md §6: the same format prior for every method (cached)
         w = starting_weights(rt)
         a_w, e_w = w["actor"], w["extractor"]
@@ -70,9 +70,9 @@ def init_models(rt, cfg, k_a, k_e):
     return actor, extractor
 
 
-def buffer_dims(rt, cfg):
+def buffer_dims(cfg, merge_pieces):
     # merge samples share the buffer with distillations: prompts as wide as the longer of the two
-    return max(cfg.extraction.prompt_len, merge_prompt_len(cfg, rt.merge_pieces)), cfg.extraction.max_new_tokens
+    return max(cfg.extraction.prompt_len, merge_prompt_len(cfg, merge_pieces)), cfg.extraction.max_new_tokens
 
 
 def episode_metrics(rt, ep: LLMEpisodes) -> dict:

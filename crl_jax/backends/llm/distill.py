@@ -20,15 +20,14 @@ import jax.numpy as jnp
 
 from crl_jax.backends.llm.adapters import extractor_params
 from crl_jax.backends.llm.prompt_pieces import distill_prompt
-from crl_jax.extractor import buffer as buffer_lib
-from crl_jax.extractor.distill import ADD, UPDATE, DistillOut, apply_operations
+from crl_jax.extractor.distill import ADD, UPDATE, DistillOut, apply_operations, store_returns
 from crl_jax.extractor.ops_json import parse_operations_callback
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
 
 def distill_prompts(rt, task_tokens, task_len, ep, exp, exp_len, has_exp):
     """[N, Pd] prompts and [N] lengths (Pd = extraction.prompt_len)."""
-    p, budget, pad = rt.distill_pieces, rt.cfg.extraction.prompt_len, rt.tokenizer.pad_id
+    p, budget, pad = rt.llm.distill_pieces, rt.cfg.extraction.prompt_len, rt.tokenizer.pad_id
     return jax.vmap(lambda g, gl, o, ol, a, ac, s, e, el, he: distill_prompt(p, budget, g, gl, o, ol, a, ac, s, e, el,
                                                                              he, pad))(
         task_tokens, task_len, ep.obs, ep.obs_len, ep.actions, ep.active, ep.success, exp, exp_len, has_exp)
@@ -36,14 +35,14 @@ def distill_prompts(rt, task_tokens, task_len, ep, exp, exp_len, has_exp):
 
 def parse_responses(rt, resp, rlen):
     """Host callback: response tokens [N, R] -> op arrays (see `operations_to_arrays`)."""
-    tok, prefill = rt.tokenizer, rt.distill_pieces.prefill
+    tok, prefill = rt.tokenizer, rt.llm.distill_pieces.prefill
     # the prefill (e.g. '<answer>[') ends the prompt: the reply is read as its continuation
     decode = (lambda ids: prefill + tok.decode(ids)) if prefill else tok.decode
     return parse_operations_callback(resp, rlen, decode, tok.encode, rt.cfg.bank.entry_len)
 
 
 def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, episodes, keys, exp, exp_len, has_exp,
-            slots, mask) -> DistillOut:
+            slots, mask, return_value=None, return_ok=None) -> DistillOut:
     cfg = rt.cfg
     N = task_tokens.shape[0]
     prompts, plen = distill_prompts(rt, task_tokens, task_len, episodes, exp, exp_len, has_exp)
@@ -56,15 +55,21 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     writes = op_ok.any(1)
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]
     pad2 = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))
-    buffer, ids = buffer_lib.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step, writes)
+    buffer, ids = rt.buffer_ops.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step,
+                                         writes)
     rep = lambda x: jnp.repeat(x, M, axis=0)  # noqa: E731
     flat = lambda x: x.reshape((N * M,) + x.shape[2:])  # noqa: E731
-    bank = apply_operations(bank, flat(op_ok), flat(ops["op"]), flat(ops["entry"]), flat(ops["entry_len"]),
-                            rep(keys), rep(slots), rep(ids), key, step, cfg.bank.eviction)
+    bank = apply_operations(rt.bank_ops, bank, flat(op_ok), flat(ops["op"]), flat(ops["entry"]),
+                            flat(ops["entry_len"]), rep(keys), rep(slots), rep(ids), key, step)
     valid = ops["valid"] & mask
     n_add = jnp.sum(op_ok & (ops["op"] == ADD))
     n_update = jnp.sum(op_ok & (ops["op"] == UPDATE))
     n_invalid = jnp.sum(mask & ~ops["valid"])
     n_return = jnp.sum(valid & ~writes)
     n_failed = jnp.sum(writes & ~episodes.success.astype(bool))
-    return DistillOut(bank, buffer, n_add, n_update, n_return, n_invalid, n_failed)
+    n_ret_trained = jnp.int32(0)
+    if return_value is not None and cfg.extraction.return_samples > 0:  # a RETURN sample is its whole reply
+        buffer, stored = store_returns(buffer, valid & ~writes, prompts, plen, resp, rlen, logp, return_value,
+                                       return_ok, cfg.extraction.return_samples, jax.random.fold_in(key, 7), step)
+        n_ret_trained = jnp.sum(stored)
+    return DistillOut(bank, buffer, n_add, n_update, n_return, n_invalid, n_failed, n_ret_trained)

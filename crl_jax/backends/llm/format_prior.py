@@ -100,7 +100,7 @@ def rt_tables(rt) -> dict:
 def _tables(rt) -> dict:
     tok = rt.tokenizer
     names = list(rt.env.action_names)
-    ap, dp = rt.actor_pieces, rt.distill_pieces
+    ap, dp = rt.llm.actor_pieces, rt.llm.distill_pieces
     eot = tok.token_text(tok.eos_id)
     close = "</answer>" if ap.prefill else "</answer>" + eot  # a prefilled reply stops at its '>'
     open_ = "" if ap.prefill else "<answer>"
@@ -121,7 +121,7 @@ def _tables(rt) -> dict:
 def actor_rows(rt, key, n: int):
     """`n` one-turn actor rows: the loop's head (half with a random lesson as experience) and first turn
     on a random board, target = a random move in the answer format -> (tokens [n, W], mask [n, W])."""
-    p, t = rt.actor_pieces, rt_tables(rt)
+    p, t = rt.llm.actor_pieces, rt_tables(rt)
     tt = jnp.concatenate([rt.train_task_tokens, rt.eval_task_tokens])
     tl = jnp.concatenate([rt.train_task_len, rt.eval_task_len])
     W = p.head_cap + p.turn_cap
@@ -141,7 +141,7 @@ def actor_rows(rt, key, n: int):
 
 def distill_budget(rt) -> int:
     """Static width of a synthetic distillation prompt (<= MAX_PRIOR_TURNS turns: nothing is cut)."""
-    dp = rt.distill_pieces
+    dp = rt.llm.distill_pieces
     per_turn = dp.traj_cap // max(dp.num_turns, 1)
     return min(rt.cfg.extraction.prompt_len, dp.fixed_capacity + MAX_PRIOR_TURNS * per_turn)
 
@@ -149,7 +149,7 @@ def distill_budget(rt) -> int:
 def extractor_rows(rt, key, n: int):
     """`n` distillation rows: 1..2 random moves on random boards, random outcome, no retrieved entry;
     target = one `add` of a random lesson (2/3) or a `return` (1/3) in the JSON answer format."""
-    dp, t = rt.distill_pieces, rt_tables(rt)
+    dp, t = rt.llm.distill_pieces, rt_tables(rt)
     T = dp.num_turns
     tt = jnp.concatenate([rt.train_task_tokens, rt.eval_task_tokens])
     tl = jnp.concatenate([rt.train_task_len, rt.eval_task_len])
@@ -283,7 +283,7 @@ def train_format_prior(rt, log=None):
     """-> ({"actor": adapters, "extractor": adapters}, metrics) from fresh adapters on the runtime's base."""
     cfg = rt.cfg
     fp, lc = cfg.format_prior, cfg.lora
-    if rt.actor_weights is None or rt.extractor_weights is None:
+    if rt.llm.actor_weights is None or rt.llm.extractor_weights is None:
         raise ValueError("format_prior: needs pretrained actor and extractor weights (actor.weights / extractor.weights)")
     s = lora.scale(lc.rank, lc.alpha)
     targets = lora.parse_targets(lc.targets)
@@ -291,8 +291,8 @@ def train_format_prior(rt, log=None):
     k_ia, k_ie, k_da, k_de = jax.random.split(key, 4)
     out, metrics = {}, {}
     for name, host, mcfg, k_init, k_data, steps, rows in (
-            ("actor", rt.actor_weights, rt.actor_config, k_ia, k_da, fp.actor_steps, actor_rows),
-            ("extractor", rt.extractor_weights, rt.extractor_config, k_ie, k_de, fp.extractor_steps,
+            ("actor", rt.llm.actor_weights, rt.actor_config, k_ia, k_da, fp.actor_steps, actor_rows),
+            ("extractor", rt.llm.extractor_weights, rt.extractor_config, k_ie, k_de, fp.extractor_steps,
              extractor_rows)):
         base = jax.tree_util.tree_map(jnp.asarray, host)  # one device copy per call; never written
         ad = lora.init(base, k_init, rank=lc.rank, targets=targets)
@@ -317,15 +317,20 @@ def adapter_template(rt) -> dict:
     lc = rt.cfg.lora
     targets = lora.parse_targets(lc.targets)
     return {n: lora.init(jax.tree_util.tree_map(jnp.asarray, w), jax.random.key(0), rank=lc.rank, targets=targets)
-            for n, w in (("actor", rt.actor_weights), ("extractor", rt.extractor_weights))}
+            for n, w in (("actor", rt.llm.actor_weights), ("extractor", rt.llm.extractor_weights))}
 
 
-def format_prior_adapters(rt, log=None) -> dict:
-    """The cached adapters of `rt.cfg`'s format prior, trained on first use."""
+def format_prior_adapters(rt, log=None, *, refit: bool = False) -> dict:
+    """The cached adapters of `rt.cfg`'s format prior, trained on first use. `refit`: train into the cache
+    even if a cached copy exists (`crl-jax pretrain --refit`)."""
     pid = format_prior_id(rt.cfg)
-    if pid in _MEMO:
+    if pid in _MEMO and not refit:
         return _MEMO[pid]
     path = os.path.join(cache_dir(rt.cfg), f"format-prior-{pid}.npz")
+    if refit:
+        for p in (path, path[:-4] + ".json"):
+            if os.path.exists(p):
+                os.remove(p)
     _MEMO[pid] = cached_or_trained(path, adapter_template(rt), lambda say: train_format_prior(rt, log=say),
                                    what="format prior", id_key="format_prior_id", pid=pid, log=log)
     return _MEMO[pid]
@@ -337,4 +342,4 @@ def starting_weights(rt, log=None) -> dict:
     s = lora.scale(rt.cfg.lora.rank, rt.cfg.lora.alpha)
     merge = jax.jit(lambda b, a: lora.merge(b, a, s))
     return {n: jax.tree_util.tree_map(np.asarray, merge(w, ad[n]))
-            for n, w in (("actor", rt.actor_weights), ("extractor", rt.extractor_weights))}
+            for n, w in (("actor", rt.llm.actor_weights), ("extractor", rt.llm.extractor_weights))}

@@ -16,7 +16,7 @@ from __future__ import annotations
 from crl_jax.backends.llm.adapters import extractor_params
 from crl_jax.backends.llm.prompt_pieces import merge_prefill
 from crl_jax.extractor.merge_step import maybe_merge as _maybe_merge
-from crl_jax.extractor.merge_step import merge_into, merge_prompt_len
+from crl_jax.extractor.merge_step import MergePieces, merge_into, merge_prompt_len
 from crl_jax.extractor.ops_json import MAX_OPS, parse_operations_callback
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
@@ -26,7 +26,7 @@ def max_out(cfg) -> int:
     return min(cfg.extraction.merge_chunk, MAX_OPS)
 
 
-def prompt_len(cfg, pieces: dict) -> int:
+def prompt_len(cfg, pieces: MergePieces) -> int:
     """Static length of a merge prompt (`pieces`: `crl_jax.backends.llm.prompt_pieces.build_merge_pieces`)."""
     return merge_prompt_len(cfg, pieces, max_out(cfg))
 

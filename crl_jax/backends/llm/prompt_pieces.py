@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 
 from crl_jax.config import LLMPromptConfig
+from crl_jax.extractor.merge_step import MergePieces
 from crl_jax.text import prompts
 from crl_jax.backends.llm.pieces import (
     Layout,
@@ -260,7 +261,7 @@ def merge_prefill(folder: str, variant: LLMPromptConfig = LLMPromptConfig()) -> 
     return prompts.render("merge_prefill", folder) if variant.merge_prefill else ""
 
 
-def build_merge_pieces(tok, folder: str, variant: LLMPromptConfig = LLMPromptConfig()) -> dict:
+def build_merge_pieces(tok, folder: str, variant: LLMPromptConfig = LLMPromptConfig()) -> MergePieces:
     """Segments of the merge prompt in `crl_jax.extractor.merge.merge_family`'s layout (header, sep, context,
     entries, suffix): the chat of merge_system, the worked example (`variant.merge_example`) and merge_user,
     cut at $context and $entries; `context` is the merge_context label (only present when lessons are
@@ -281,4 +282,4 @@ def build_merge_pieces(tok, folder: str, variant: LLMPromptConfig = LLMPromptCon
         raise ValueError("merge_entry.txt: nothing may follow $entry (the separator goes before each lesson)")
     texts = {"header": cat(parts[:i_c]), "context": prompts.render("merge_context", folder),
              "entries": cat(parts[i_c + 1: i_e]), "suffix": cat(parts[i_e + 1:]), "sep": sep}
-    return {k: token_row(tok, t) for k, t in texts.items()}
+    return MergePieces(**{k: token_row(tok, t) for k, t in texts.items()})

@@ -57,12 +57,12 @@ def play(rt, params, key, *, env, renderer, tasks, task_tokens, task_len, exp, e
     """Play N episodes. tasks [N], task_tokens [N, Lt], exp [N, Le], has_exp [N]."""
     chex.assert_rank([tasks, task_tokens, exp, has_exp], [1, 2, 2, 1])
     cfg = rt.cfg
-    p = rt.actor_pieces
+    p = rt.llm.actor_pieces
     N, T = tasks.shape[0], rt.num_turns
     P, H, A = p.prompt_len, p.hist_len, cfg.rollout.max_action_tokens
     eos = rt.tokenizer.eos_id
     pad = rt.tokenizer.pad_id
-    scfg = SamplerConfig(max_new_tokens=A, temperature=temperature, stop_tokens=rt.actor_stop_tokens or (eos,),
+    scfg = SamplerConfig(max_new_tokens=A, temperature=temperature, stop_tokens=rt.llm.actor_stop_tokens or (eos,),
                          pad_id=pad)
     reset_keys = episode_reset_keys(key, N) if reset_keys is None else reset_keys
     k_play = jax.random.fold_in(key, 1)
@@ -83,7 +83,7 @@ def play(rt, params, key, *, env, renderer, tasks, task_tokens, task_len, exp, e
         prompt, plen = jax.vmap(lambda a, al, b, bl: pack_segments([(a, al), (b, bl)], size=P, pad_id=pad))(
             head, head_len, hist, hlen_u)
         gen, lp, glen = sample_tokens(rt.actor_graphdef, params, prompt, plen, jax.random.fold_in(k_play, t), scfg)
-        act = jax.vmap(rt.answer_parser)(gen, glen)
+        act = jax.vmap(rt.llm.answer_parser)(gen, glen)
         act = jnp.where(active, act, -1)
         new_states, _, r, d, info = jax.vmap(env.step)(states, act)
         glen = jnp.where(active, glen, 0)

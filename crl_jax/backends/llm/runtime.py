@@ -1,4 +1,5 @@
-"""Static parts of an LLM run (`LLMRuntime`), built once on the host from a `Config`.
+"""The LLM path's Runtime (`crl_jax.backends.base.Runtime` with `rt.llm`), built on the host from a `Config`
+through the one entry `crl_jax.loop.runtime.build` (which normalises and caches it).
 
 Models: `actor.preset` / `extractor.preset` name an architecture (`crl_jax.models.presets`) or a
 checkpoint path; `*.weights` is the checkpoint to load (HF folder, `.gguf`, or `pkg:<package>` = the
@@ -11,39 +12,28 @@ pieces (`crl_jax.backends.llm.prompt_pieces`). Everything here is host-side and 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib.util
-import json
 import os
-from dataclasses import dataclass
-from typing import Any
 
 import jax
 from gguf import GGUFReader
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from crl_jax import envs
-from crl_jax.backends.base import Backend
+from crl_jax.backends.base import (  # noqa: F401  (normalise: the test hook's, tests/_llm_common.py)
+    LLMParts, Runtime, assemble, builtin_envs, normalise, pad_rows,
+)
 from crl_jax.backends.llm.answer import make_reply_parser, reply_stop_tokens
 from crl_jax.backends.llm.backend import LLM
 from crl_jax.backends.llm.merge import prompt_len as merge_prompt_len
-from crl_jax.config import Config, ConfigError, DistributedConfig, to_dict
+from crl_jax.config import Config, ConfigError
 from crl_jax.envs.render import make_token_renderer
 from crl_jax.learner import loss_fns
 from crl_jax.learner import train_state as ts
-from crl_jax.backends.llm.prompt_pieces import (
-    ActorPieces,
-    DistillPieces,
-    build_actor_pieces,
-    build_distill_pieces,
-    build_merge_pieces,
-)
+from crl_jax.backends.llm.prompt_pieces import build_actor_pieces, build_distill_pieces, build_merge_pieces
 from crl_jax.models import presets
 from crl_jax.models import transformer as tr
-from crl_jax.models.embed import HashedNgramEmbedder
 from crl_jax.models.gguf_loader import read_metadata
 from crl_jax.models.pretrained import from_pretrained
 from crl_jax.text.tokenizers import HFTokenizer
@@ -96,73 +86,10 @@ def _weights_spec(m) -> str:
     return ""
 
 
-@dataclass(frozen=True, eq=False)  # hashed by identity: the compiled-chunk cache key
-class LLMRuntime:
-    cfg: Config
-    tokenizer: Any
-    env: Any
-    eval_env: Any
-    renderer: Any
-    eval_renderer: Any
-    train_task_tokens: jax.Array  # [num_train_tasks, Lt]
-    train_task_len: jax.Array
-    eval_task_tokens: jax.Array
-    eval_task_len: jax.Array
-    actor_pieces: ActorPieces
-    distill_pieces: DistillPieces
-    merge_pieces: dict  # merge prompt segments: header, sep, context, entries, suffix (crl_jax.extractor.merge layout)
-    answer_parser: Any  # crl_jax.envs.actions.AnswerParser
-    actor_graphdef: Any
-    extractor_graphdef: Any
-    actor_config: tr.TransformerConfig
-    extractor_config: tr.TransformerConfig
-    actor_weights: Any  # host params (numpy pytree) or None (random init)
-    extractor_weights: Any
-    embedder: Any
-    num_turns: int
-    co_update: Any
-    actor_tx: Any
-    extractor_tx: Any
-    actor_stop_tokens: tuple = ()  # token ids that end an actor reply (crl_jax.backends.llm.answer.reply_stop_tokens)
-    backend: Backend = LLM  # the path's pieces of the one iteration (`crl_jax.backends.llm.backend.LLM`)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.vocab_size
-
-
-_CACHE: dict[str, LLMRuntime] = {}
-
-
-def normalise(cfg: Config) -> Config:
-    """Fields that do not shape the compiled program, set to fixed values (as `crl_jax.loop.runtime.build`)."""
-    return dataclasses.replace(cfg, seed=0, steps=0, checkpoint_every=1, keep_checkpoints=1, method="crl",
-                               loss=dataclasses.replace(cfg.loss, group_split=True, advantage="split"),
-                               extraction=dataclasses.replace(cfg.extraction, merge=True),
-                               bank=dataclasses.replace(cfg.bank, offline_path=""),
-                               distributed=DistributedConfig())
-
-
-def build(cfg: Config) -> LLMRuntime:
-    """The LLMRuntime of a config, cached by everything that shapes the compiled program."""
-    cfg = normalise(cfg)
-    k = json.dumps(to_dict(cfg), sort_keys=True)
-    if k not in _CACHE:
-        _CACHE[k] = _build(cfg)
-    return _CACHE[k]
-
-
 def task_rows(tok, env, pool: str, with_id: bool):
     base = env.task_text
     texts = [f"Level {pool}{i}: {base}" if with_id else base for i in range(env.num_tasks)]
     return [tok.encode(t) for t in texts]
-
-
-def _pad(rows, width):
-    out = np.zeros((len(rows), width), np.int32)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return jnp.asarray(out), jnp.asarray([len(r) for r in rows], jnp.int32)
 
 
 _NOT_STACKED = ("embed", "final_norm", "lm_head")  # every other parameter has a leading layer axis
@@ -184,15 +111,10 @@ def _load(m):
     return truncate_layers(mcfg, host, m.truncate_layers) + (tok,)
 
 
-def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=None) -> LLMRuntime:
-    """`tokenizer` / `*_config`: test hooks (random-init models of the given shapes with this tokenizer)."""
-    try:
-        env = envs.make(cfg.env.name, pool="train", num_tasks=cfg.env.num_train_tasks, pool_seed=cfg.env.pool_seed,
-                        **cfg.env.params)
-        eval_env = envs.make(cfg.env.name, pool="eval", num_tasks=cfg.env.num_eval_tasks,
-                             pool_seed=cfg.env.pool_seed, **cfg.env.params)
-    except (TypeError, KeyError, ValueError) as e:
-        raise ConfigError(f"env: cannot make {cfg.env.name!r} with params {cfg.env.params}: {e}") from None
+def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=None) -> Runtime:
+    """The LLM path's Runtime of a normalised config (`crl_jax.loop.runtime.build` normalises and caches).
+    `tokenizer` / `*_config`: test hooks (random-init models of the given shapes with this tokenizer)."""
+    env, eval_env = builtin_envs(cfg)
     if tokenizer is not None:
         acfg, a_host, ecfg, e_host, tok, etok = actor_config, None, extractor_config, None, tokenizer, None
     else:
@@ -210,8 +132,8 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
     tr_rows = task_rows(tok, env, "", cfg.env.task_ids_in_text)
     ev_rows = task_rows(tok, eval_env, "E", cfg.env.task_ids_in_text)
     width = max(len(r) for r in tr_rows + ev_rows)
-    ttok, tlen = _pad(tr_rows, width)
-    etok_, elen = _pad(ev_rows, width)
+    ttok, tlen = pad_rows(tr_rows, width)
+    etok_, elen = pad_rows(ev_rows, width)
     apieces = build_actor_pieces(tok, cfg.prompts, env.action_names, T, goal_cap=width,
                                  obs_cap=renderer.max_len, entry_cap=cfg.bank.entry_len,
                                  action_cap=cfg.rollout.max_action_tokens, variant=cfg.llm_prompt)
@@ -229,26 +151,20 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
             raise ConfigError(f"{name}: sequences of {plen} tokens exceed the model's {mc.max_position_embeddings}")
         if mc.vocab_size < tok.vocab_size:
             raise ConfigError(f"{name}: model vocabulary {mc.vocab_size} < tokenizer's {tok.vocab_size}")
-    agd = nnx.graphdef(nnx.eval_shape(lambda: tr.create(acfg, jax.random.key(0))))
-    egd = nnx.graphdef(nnx.eval_shape(lambda: tr.create(ecfg, jax.random.key(0))))
     lc, ec = cfg.loss, cfg.extraction
     co_update = ts.make_co_update(
         loss_fns.actor_ppo_loss(loss_fns.PPOLossConfig(clip_eps=lc.clip_eps, ratio=lc.ratio,
                                                        aggregation=lc.aggregation)),
         loss_fns.extractor_cispo_loss(loss_fns.CISPOLossConfig(eps_low=ec.eps_low, eps_high=ec.eps_high)),
         microbatches=lc.microbatches, donate=False)
-    tx_a = ts.make_optimizer(lr=cfg.actor.lr, weight_decay=cfg.actor.weight_decay, grad_clip=cfg.actor.grad_clip)
-    tx_e = ts.make_optimizer(lr=cfg.extractor.lr, weight_decay=cfg.extractor.weight_decay,
-                             grad_clip=cfg.extractor.grad_clip)
-    return LLMRuntime(cfg=cfg, tokenizer=tok, env=env, eval_env=eval_env, renderer=renderer,
-                      eval_renderer=eval_renderer, train_task_tokens=ttok, train_task_len=tlen,
-                      eval_task_tokens=etok_, eval_task_len=elen, actor_pieces=apieces, distill_pieces=dpieces,
-                      merge_pieces=mpieces,
-                      answer_parser=make_reply_parser(env, tok, apieces.prefill), actor_graphdef=agd, extractor_graphdef=egd,
-                      actor_config=acfg, extractor_config=ecfg, actor_weights=a_host, extractor_weights=e_host,
-                      embedder=HashedNgramEmbedder(dim=cfg.bank.key_dim), num_turns=T, co_update=co_update,
-                      actor_tx=tx_a, extractor_tx=tx_e, actor_stop_tokens=reply_stop_tokens(tok, apieces.prefill),
-                      backend=LLM)
+    parts = LLMParts(actor_pieces=apieces, distill_pieces=dpieces,
+                     answer_parser=make_reply_parser(env, tok, apieces.prefill),
+                     actor_stop_tokens=reply_stop_tokens(tok, apieces.prefill), actor_weights=a_host,
+                     extractor_weights=e_host)
+    return assemble(cfg, backend=LLM, tokenizer=tok, env=env, eval_env=eval_env, renderer=renderer,
+                    eval_renderer=eval_renderer, train_task_tokens=ttok, train_task_len=tlen, eval_task_tokens=etok_,
+                    eval_task_len=elen, merge_pieces=mpieces, num_turns=T, actor_config=acfg, extractor_config=ecfg,
+                    co_update=co_update, llm=parts)
 
 
 @functools.lru_cache(maxsize=4)
