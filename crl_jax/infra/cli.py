@@ -115,12 +115,22 @@ def cmd_bank(args):
 
 
 def cmd_pretrain(args):
-    """Train the prior of a config (synthetic data only) into the cache and print its id and losses."""
+    """Train the prior of a config (synthetic data only) into the cache and print its id and losses: the
+    tiny models' prior, or an LLM config's format prior (its LoRA adapters)."""
+    from crl_jax.backends.llm import format_prior as fpm
+    from crl_jax.backends.llm.runtime import is_llm_config
     from crl_jax.learner import pretrain
     from crl_jax.loop.runtime import build
 
     cfg = _load_cfg(args)
     rt = build(cfg)
+    if is_llm_config(cfg):  # the LLM path's format prior (crl_jax/backends/llm/format_prior.py)
+        fpm.format_prior_adapters(rt, log=print, refit=args.refit)
+        meta = os.path.join(pretrain.cache_dir(cfg), f"format-prior-{fpm.format_prior_id(cfg)}.json")
+        print(f"format prior {fpm.format_prior_id(cfg)}: {os.path.dirname(meta)}")
+        with open(meta) as f:
+            print(f.read())
+        return
     shipped = pretrain.shipped_path(pretrain.prior_id(cfg))
     params = pretrain.prior_params(rt, log=print, refit=args.refit)
     meta = pretrain.prior_meta_path(cfg)
@@ -190,10 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("overrides", nargs="*", metavar="key=value")
     c.set_defaults(fn=cmd_config)
 
-    pt = sub.add_parser("pretrain", help="train (or load from the cache) the tiny models' prior (METHOD.md §6)")
+    pt = sub.add_parser("pretrain", help="train (or load from the cache) the prior of a config (METHOD.md §6): "
+                        "the tiny models' prior, or an LLM config's format prior")
     pt.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
     pt.add_argument("--refit", action="store_true",
-                    help="fit again into the cache even if a cached or shipped copy exists (and compare)")
+                    help="fit again into the cache even if a cached or shipped copy exists (the tiny prior: "
+                    "and compare with the shipped copy)")
     pt.add_argument("overrides", nargs="*", metavar="key=value")
     pt.set_defaults(fn=cmd_pretrain)
 

@@ -133,6 +133,8 @@ def logical_to_spec(logical, shape, mesh: Mesh, counts: dict | None = None) -> P
 
 
 def _param_name(path) -> str | None:
+    if path and getattr(path[-1], "key", None) in ("a", "b"):  # LoRA adapter factors {target: {"a", "b"}}
+        return None  #  (crl_jax.models.lora) and their moments: small, replicated; the base is sharded by name
     for k in reversed(path):
         key = getattr(k, "key", None)
         if isinstance(key, str) and key in PARAM_AXES:

@@ -22,6 +22,12 @@ Split GRPO: set `ActorBatch.weight = losses.split_group_weights(guided).reshape(
 non-empty subgroups x subgroup size)) and the actor loss is the mean over groups of the mean of the
 guided and free subgroups' losses (paper Eq. 5, weight 1/2 each); with equal-size subgroups this equals
 weight = 1 everywhere. Padding rows get weight 0.
+
+LoRA (`crl_jax.models.lora.LoRAParams` as `params`, the LLM path's `lora.train`): gradients, the optimizer
+state and the non-finite guard cover the adapters only (`lora.trainable`); the loss callback sees the
+effective tree base + scale * A @ B; the frozen base is carried through unchanged (bit-identical). When the
+actor and the extractor are one checkpoint, one of them holds the base (`params.base`) and the other None:
+`make_co_update` hands the held base to the other (`shared_base`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import optax
 from flax import nnx, struct
 
 from crl_jax import losses
+from crl_jax.models import lora
 from crl_jax.models.logprobs import chunked_logprobs
 
 _F32 = jnp.float32
@@ -45,8 +52,8 @@ _F32 = jnp.float32
 class TrainState:
     graphdef: Any = struct.field(pytree_node=False)  # nnx.GraphDef of the model
     tx: optax.GradientTransformation = struct.field(pytree_node=False)
-    params: Any = None  # nnx.State of nnx.Param
-    opt_state: Any = None
+    params: Any = None  # nnx.State of nnx.Param, or a lora.LoRAParams (adapters trained over a frozen base)
+    opt_state: Any = None  # over lora.trainable(params)
     step: jax.Array = None  # int32 scalar: number of applied updates
     nonfinite_count: jax.Array = None  # int32 scalar: updates skipped for a non-finite loss/grad
 
@@ -60,10 +67,11 @@ def make_optimizer(lr: float = 1e-6, weight_decay: float = 0.0, grad_clip: float
     return optax.chain(optax.clip_by_global_norm(grad_clip), adamw)
 
 
-def create_train_state(model: nnx.Module, tx: optax.GradientTransformation) -> TrainState:
-    """Split an NNX model (all of its state must be nnx.Param) and initialise the optimizer state."""
-    graphdef, params = nnx.split(model, nnx.Param)
-    return TrainState(graphdef=graphdef, tx=tx, params=params, opt_state=tx.init(params),
+def create_train_state(model, tx: optax.GradientTransformation) -> TrainState:
+    """Split an NNX model (all of its state must be nnx.Param), or take a `(graphdef, params)` pair (params
+    may be a `lora.LoRAParams`), and initialise the optimizer state over the trainable part."""
+    graphdef, params = model if isinstance(model, tuple) else nnx.split(model, nnx.Param)
+    return TrainState(graphdef=graphdef, tx=tx, params=params, opt_state=tx.init(lora.trainable(params)),
                       step=jnp.zeros((), jnp.int32), nonfinite_count=jnp.zeros((), jnp.int32))
 
 
@@ -150,20 +158,30 @@ def _split_microbatches(batch, m: int):
     return jax.tree_util.tree_map(split, batch)
 
 
-def _grads(state: TrainState, batch, loss_fn: LossFn, microbatches: int):
-    """(num, den, summed float32 grads of num, metrics) over the whole batch."""
-    vg = jax.value_and_grad(lambda p, b: loss_fn(state.graphdef, p, b), has_aux=True)
+def shared_base(params, other):
+    """The frozen base `params` borrows from the other model (`other.base` when `params` is a LoRAParams
+    without a base of its own), else None."""
+    if lora.is_lora(params) and params.base is None and lora.is_lora(other):
+        return other.base
+    return None
+
+
+def _grads(state: TrainState, batch, loss_fn: LossFn, microbatches: int, base=None):
+    """(num, den, summed float32 grads of num w.r.t. the trainable params, metrics) over the whole batch."""
+    model_params = lambda t: lora.effective(lora.with_trainable(state.params, t), base)  # noqa: E731
+    vg = jax.value_and_grad(lambda t, b: loss_fn(state.graphdef, model_params(t), b), has_aux=True)
+    trainable = lora.trainable(state.params)
     if microbatches == 1:
-        (num, (den, metrics)), g = vg(state.params, batch)
+        (num, (den, metrics)), g = vg(trainable, batch)
         return num, den, jax.tree_util.tree_map(lambda x: x.astype(_F32), g), metrics
 
     def body(carry, mb):
         gsum, nsum, dsum = carry
-        (num, (den, met)), g = vg(state.params, mb)
+        (num, (den, met)), g = vg(trainable, mb)
         gsum = jax.tree_util.tree_map(lambda a, b: a + b.astype(_F32), gsum, g)
         return (gsum, nsum + num, dsum + den), met
 
-    zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, _F32), state.params)
+    zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, _F32), trainable)
     init = (zeros, jnp.zeros((), _F32), jnp.zeros((), _F32))
     (g, num, den), mets = jax.lax.scan(body, init, _split_microbatches(batch, microbatches))
     return num, den, g, jax.tree_util.tree_map(lambda x: x.mean(0), mets)
@@ -173,24 +191,36 @@ def _global_norm(tree) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(_F32))) for x in jax.tree_util.tree_leaves(tree)))
 
 
-def apply_update(state: TrainState, batch, loss_fn: LossFn, microbatches: int = 1):
-    """One guarded optimizer step of one model -> (new state, metrics). Pure; call under jit."""
-    num, den, gsum, metrics = _grads(state, batch, loss_fn, microbatches)
+def _select(pred, new: TrainState, old: TrainState) -> TrainState:
+    """`new` where `pred`, else `old`, leaf by leaf over the trained parts (a LoRA base passes through)."""
+    pick = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)  # noqa: E731
+    return old.replace(params=lora.with_trainable(old.params, pick(lora.trainable(new.params),
+                                                                   lora.trainable(old.params))),
+                       opt_state=pick(new.opt_state, old.opt_state), step=jnp.where(pred, new.step, old.step),
+                       nonfinite_count=jnp.where(pred, new.nonfinite_count, old.nonfinite_count))
+
+
+def apply_update(state: TrainState, batch, loss_fn: LossFn, microbatches: int = 1, base=None):
+    """One guarded optimizer step of one model -> (new state, metrics). Pure; call under jit.
+    `base`: the frozen base of a LoRAParams that holds none (`shared_base`)."""
+    num, den, gsum, metrics = _grads(state, batch, loss_fn, microbatches, base)
     has_data = den > 0
     safe_den = jnp.where(has_data, den, 1.0)
     loss = num / safe_den
-    grads = jax.tree_util.tree_map(lambda g, p: (g / safe_den).astype(p.dtype), gsum, state.params)
+    trainable = lora.trainable(state.params)
+    grads = jax.tree_util.tree_map(lambda g, p: (g / safe_den).astype(p.dtype), gsum, trainable)
     finite = jnp.isfinite(loss) & jnp.all(
         jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]))
     do = finite & has_data
-    updates, new_opt = state.tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
+    updates, new_opt = state.tx.update(grads, state.opt_state, trainable)
+    new_trainable = optax.apply_updates(trainable, updates)
 
     def pick(new, old):
         return jax.tree_util.tree_map(lambda a, b: jnp.where(do, a, b), new, old)
 
     new_state = state.replace(
-        params=pick(new_params, state.params), opt_state=pick(new_opt, state.opt_state),
+        params=lora.with_trainable(state.params, pick(new_trainable, trainable)),
+        opt_state=pick(new_opt, state.opt_state),
         step=state.step + do.astype(jnp.int32),
         nonfinite_count=state.nonfinite_count + (~finite).astype(jnp.int32))
     metrics = dict(metrics, loss=jnp.where(has_data, loss, 0.0), grad_norm=_global_norm(grads),
@@ -199,7 +229,7 @@ def apply_update(state: TrainState, batch, loss_fn: LossFn, microbatches: int = 
 
 
 def apply_updates(state: TrainState, batches, loss_fn: LossFn, microbatches: int = 1, steps: int = 1,
-                  target_kl: float = 0.0):
+                  target_kl: float = 0.0, base=None):
     """`steps` optimizer steps in order (`lax.scan`), step i on `batches[i]` (a leading [steps] axis on
     every leaf; steps=1: one step on an unstacked batch) -> (new state, metrics averaged over the steps).
 
@@ -209,18 +239,19 @@ def apply_updates(state: TrainState, batches, loss_fn: LossFn, microbatches: int
     `target_kl` > 0 (early stopping, as Stable-Baselines3's PPO): the loss's `approx_kl` of step i is
     measured at the parameters before step i; from the first step whose value exceeds `target_kl` on, the
     steps are skipped (state unchanged). The metric `steps_taken` counts the steps that were applied.
+    `base`: see `apply_update`.
     """
     if steps == 1:
-        return apply_update(state, batches, loss_fn, microbatches)
+        return apply_update(state, batches, loss_fn, microbatches, base)
     if target_kl <= 0.0:
-        state, mets = jax.lax.scan(lambda st, b: apply_update(st, b, loss_fn, microbatches), state, batches)
+        state, mets = jax.lax.scan(lambda st, b: apply_update(st, b, loss_fn, microbatches, base), state, batches)
         return state, jax.tree_util.tree_map(lambda x: x.mean(0), mets)
 
     def step(carry, b):
         st, stopped = carry
-        new, m = apply_update(st, b, loss_fn, microbatches)
+        new, m = apply_update(st, b, loss_fn, microbatches, base)
         go = ~stopped & (m["approx_kl"] <= target_kl)
-        st = jax.tree_util.tree_map(lambda a, o: jnp.where(go, a, o), new, st)
+        st = _select(go, new, st)
         return (st, ~go), dict(m, taken=go.astype(_F32))
 
     (state, _), mets = jax.lax.scan(step, (state, jnp.asarray(False)), batches)
@@ -252,11 +283,13 @@ def make_co_update(actor_loss_fn: LossFn, extractor_loss_fn: LossFn, *,
     ext_mb = microbatches if extractor_microbatches is None else extractor_microbatches
 
     def co_update_fn(actor_state, extractor_state, actor_batch, extractor_batch):
+        a_base = shared_base(actor_state.params, extractor_state.params)  # one frozen base for both (LoRA)
+        e_base = shared_base(extractor_state.params, actor_state.params)
         actor_state, a_met = apply_updates(actor_state, actor_batch, actor_loss_fn, microbatches, actor_steps,
-                                           actor_target_kl)
+                                           actor_target_kl, a_base)
 
         def run(st):
-            return apply_updates(st, extractor_batch, extractor_loss_fn, ext_mb, extractor_steps)
+            return apply_updates(st, extractor_batch, extractor_loss_fn, ext_mb, extractor_steps, base=e_base)
 
         def skip(st):
             shapes = jax.eval_shape(run, st)[1]

@@ -12,12 +12,19 @@ projection matrices of `crl_jax.models.transformer` (attention `wq wk wv wo`, ML
 `b` starts at zero, so a fresh adapter leaves the model exactly unchanged; `a` is N(0, 1 / in) as in
 the reference implementation's Kaiming-style init. Adapter math is float32 whatever the base dtype; the
 merged weight is cast back to the base dtype.
+
+RL through adapters (`lora.train`, the LLM path): a train state's `params` is a `LoRAParams` — the trained
+`adapters`, the frozen `base` (or None: the base is the other model's, held once in the loop state) and the
+static scale. `effective(p, base)` is the model's parameter tree; the optimizer sees `trainable(p)` only.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 ALL_TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
@@ -75,3 +82,39 @@ def merge(base, adapters: dict, s: float):
 
 def num_params(adapters: dict) -> int:
     return int(sum(x.size for x in jax.tree_util.tree_leaves(adapters)))
+
+
+@struct.dataclass
+class LoRAParams:
+    """Parameters of a model trained through adapters: `adapters` (trained, float32), `base` (frozen: never
+    in the optimizer, never written; None when this model shares another model's base, passed to
+    `effective` by whoever holds both), `scale` = alpha / r (static)."""
+
+    adapters: dict
+    base: Any = None
+    scale: float = struct.field(pytree_node=False, default=1.0)
+
+
+def is_lora(params) -> bool:
+    return isinstance(params, LoRAParams)
+
+
+def trainable(params):
+    """What the optimizer updates: the adapters of a `LoRAParams`, else the whole tree (full fine-tune)."""
+    return params.adapters if is_lora(params) else params
+
+
+def with_trainable(params, new):
+    """`params` with its trainable part replaced by `new` (the inverse of `trainable`)."""
+    return params.replace(adapters=new) if is_lora(params) else new
+
+
+def effective(params, base=None):
+    """The model's own parameter tree: base + scale * A @ B for a `LoRAParams` (its own base, or `base` when
+    it holds none), else `params` unchanged."""
+    if not is_lora(params):
+        return params
+    b = params.base if params.base is not None else base
+    if b is None:
+        raise ValueError("lora.effective: these adapters share another model's base; pass it as `base`")
+    return merge(b, params.adapters, params.scale)

@@ -76,6 +76,11 @@ def test_fit_moves_only_adapters_cache_and_starting_weights(rt, tmp_path):
     cached = fpm.format_prior_adapters(rt_)  # from disk
     for x, y in zip(jax.tree_util.tree_leaves(ad), jax.tree_util.tree_leaves(cached)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    said = []  # `crl-jax pretrain --refit`: fits again past the memo and the cache (the same fit: same seed)
+    refit = fpm.format_prior_adapters(rt_, log=said.append, refit=True)
+    assert any(m.startswith("training the format prior") for m in said), said
+    for x, y in zip(jax.tree_util.tree_leaves(ad), jax.tree_util.tree_leaves(refit)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
     w = fpm.starting_weights(rt_)
     assert not np.array_equal(w["actor"]["wq"][...], before["wq"][...])
     np.testing.assert_array_equal(w["actor"]["embed"][...], before["embed"][...])  # not a LoRA target

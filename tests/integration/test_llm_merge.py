@@ -1,5 +1,6 @@
 """The periodic merge on the LLM path: the merge prompt rendered from the templates through the SmolLM2
-chat template (golden file), JSON answers read by the distillation's host parser, the bank / buffer /
+chat template, with its worked example and prefilled `<answer>[` (golden files, both chunks; and without
+them), JSON answers read by the distillation's host parser (after the prefill), the bank / buffer /
 provenance rules of `crl_jax.extractor.merge`, bad answers leaving the bank alone, and the real sampler inside the
 compiled merge."""
 
@@ -69,10 +70,12 @@ def _buffer(rt):
     return buffer_lib.init(8, llm_merge.prompt_len(rt.cfg, rt.merge_pieces), 48)
 
 
+ANSWER = '{"op": "add", "text": "merged A"}, {"op": "add", "title": "B", "content": "merged B"}, {"op": "return"}]</answer>'
+
+
 def test_json_merge_rewrites_chunks_with_provenance_and_golden_prompt(rt):
     lessons = [f"lesson {i}" for i in range(7)]  # chunks of 5: [0..4], [5, 6]
-    answer = ('Thinking... <answer>[{"op": "add", "text": "merged A"}, {"op": "add", "title": "B", '
-              '"content": "merged B"}, {"op": "return"}]</answer>')
+    answer = ANSWER  # the continuation of the prefilled '<answer>['
     buf0 = _buffer(rt)
     bank, buf, n = _merge(rt, _bank(rt, lessons), buf0, answer)
     # Each chunk becomes its two merged lessons, source = the buffer id of the merge sample.
@@ -84,19 +87,23 @@ def test_json_merge_rewrites_chunks_with_provenance_and_golden_prompt(rt):
     dec = lambda i: rt.tokenizer.decode(np.asarray(buf.prompt[i][: int(buf.prompt_len[i])]).tolist())  # noqa: E731
     p0, p1 = dec(0), dec(1)
     assert "Lessons merged so far" not in p0 and "\n- lesson 4\nWrite the merged lessons now." in p0
-    path = os.path.join(GOLDEN, "merge_second_chunk.txt")
-    if os.environ.get("UPDATE_GOLDEN"):
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(p1)
-    with open(path, encoding="utf-8") as f:
-        assert p1 == f.read(), "merge prompt differs from the golden file (UPDATE_GOLDEN=1 rewrites it)"
+    for text, name in ((p0, "merge_first_chunk.txt"), (p1, "merge_second_chunk.txt")):
+        path = os.path.join(GOLDEN, name)
+        if os.environ.get("UPDATE_GOLDEN"):
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        with open(path, encoding="utf-8") as f:
+            assert text == f.read(), f"merge prompt differs from {name} (UPDATE_GOLDEN=1 rewrites it)"
+    # the worked example sits between the system message and the real chunk; the prompt ends with the prefill
+    assert p0.count("<|im_start|>assistant\n") == 2 and p0.endswith("<|im_start|>assistant\n<answer>[")
+    assert "- <title>Stairs in sight</title>" in p0 and p0.index("Stairs in sight") < p0.index("lesson 0")
     assert rt.tokenizer.decode(np.asarray(buf.response[0][: int(buf.response_len[0])]).tolist()) == answer
     np.testing.assert_allclose(np.asarray(buf.behavior_logp[0][:3]), -0.5)
 
 
-@pytest.mark.parametrize("answer", ["I would merge them.", '<answer>[{"op": "add", "text": ""}]</answer>',
-                                    '<answer>[{"op": "return"}]</answer>', "<answer>[{'op': 'add'}]</answer>",
-                                    '<answer>[{"op": "update", "text": "x"}]</answer>'])
+@pytest.mark.parametrize("answer", ["I would merge them.", '{"op": "add", "text": ""}]</answer>',
+                                    '{"op": "return"}]</answer>', "{'op': 'add'}]</answer>",
+                                    '{"op": "update", "text": "x"}]</answer>'])
 def test_bad_or_empty_answers_leave_the_bank_and_buffer_alone(rt, answer):
     lessons = [f"lesson {i}" for i in range(7)]
     bank0 = _bank(rt, lessons)
@@ -115,3 +122,14 @@ def test_run_merge_with_the_real_sampler_and_the_schedule(rt):
         bank, buf, n = f(bank0, _buffer(rt), jnp.int32(step), jnp.bool_(on))
         assert int(n) == 0 and _texts(rt, bank) == _texts(rt, bank0)
     assert rt.cfg.extraction.merge_every == 5
+
+
+def test_without_example_and_prefill_the_prompt_and_parser_are_the_plain_ones():
+    """`llm_prompt.merge_example=false merge_prefill=false`: system + chunk only; a whole answer parses."""
+    r = small_runtime({**SMALL, "llm_prompt": {"merge_example": False, "merge_prefill": False}})[0]
+    answer = 'Thinking... <answer>[' + ANSWER
+    bank, buf, n = _merge(r, _bank(r, [f"lesson {i}" for i in range(3)]), _buffer(r), answer)
+    p0 = r.tokenizer.decode(np.asarray(buf.prompt[0][: int(buf.prompt_len[0])]).tolist())
+    assert int(n) == 1 and p0.count("<|im_start|>assistant\n") == 1 and p0.endswith("<|im_start|>assistant\n")
+    assert "Stairs in sight" not in p0
+    assert sorted(t for t, _ in _texts(r, bank).values()) == ["<title>B</title><content>merged B</content>", "merged A"]

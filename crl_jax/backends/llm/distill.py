@@ -18,6 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from crl_jax.backends.llm.adapters import extractor_params
 from crl_jax.backends.llm.prompt_pieces import distill_prompt
 from crl_jax.extractor.distill import ADD, UPDATE, DistillOut, apply_operations, store_returns
 from crl_jax.extractor.ops_json import parse_operations_callback
@@ -47,7 +48,7 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     prompts, plen = distill_prompts(rt, task_tokens, task_len, episodes, exp, exp_len, has_exp)
     scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,
                          stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id)
-    resp, logp, rlen = sample_tokens(rt.extractor_graphdef, eparams, prompts, plen, key, scfg)
+    resp, logp, rlen = sample_tokens(rt.extractor_graphdef, extractor_params(eparams), prompts, plen, key, scfg)
     ops = parse_responses(rt, resp, rlen)
     M = ops["op"].shape[1]
     op_ok = ops["mask"] & ((ops["op"] == ADD) | ((ops["op"] == UPDATE) & has_exp[:, None])) & mask[:, None]

@@ -45,6 +45,7 @@ FORMAT_PRIOR_VERSION = 2  # bump when the synthetic data or the loss change: old
 # v2: the extractor's op token is scored against the data's op distribution (ADD_P add, 1 - ADD_P return)
 # on every row, not against the row's own draw (see `op_target`); v1 learnt `return` only (issue #17)
 ADD_P = 2.0 / 3.0  # share of `add` targets in the synthetic distillation rows
+LORA_SHAPE_KEYS = ("rank", "alpha", "targets")  # the lora.* keys that shape the prior (not how RL trains)
 MAX_PRIOR_TURNS = 2  # synthetic distillation trajectories: 1..2 turns (the prompt stays short)
 # Lesson words: generic, level-free vocabulary (a lesson made of them is random text, not advice).
 WORDS = ("wall", "room", "stairs", "corner", "move", "turn", "door", "floor", "path", "edge", "early", "late",
@@ -253,8 +254,12 @@ def fit(graphdef, base, adapters, rows_fn, key, steps: int, lr: float, s: float,
 
 
 def _templates_hash(folder: str) -> str:
+    """Hash of the templates the synthetic rows are built from (actor and distillation prompts; the merge
+    prompt's templates do not shape the prior, so editing them keeps the cache)."""
     h = hashlib.sha256()
     for name in prompts.NAMES:
+        if name.startswith("merge_"):
+            continue
         h.update(name.encode() + b"\0" + prompts.load(name, folder).encode() + b"\0")
     return h.hexdigest()[:16]
 
@@ -263,7 +268,8 @@ def format_prior_id(cfg) -> str:
     """Hash of everything that shapes the format prior (not the level pools' seed, run seed or method)."""
     m = lambda mc: {k: getattr(mc, k) for k in ("preset", "weights", "dtype", "truncate_layers")}  # noqa: E731
     key = dict(actor=m(cfg.actor), extractor=m(cfg.extractor), prompts=_templates_hash(cfg.prompts),
-               llm_prompt=dataclasses.asdict(cfg.llm_prompt), lora=dataclasses.asdict(cfg.lora),
+               llm_prompt={k: v for k, v in dataclasses.asdict(cfg.llm_prompt).items() if not k.startswith("merge_")},
+               lora={k: getattr(cfg.lora, k) for k in LORA_SHAPE_KEYS},
                prior={k: v for k, v in dataclasses.asdict(cfg.format_prior).items() if k != "enabled"},
                env={"name": cfg.env.name, "params": cfg.env.params, "num_train_tasks": cfg.env.num_train_tasks,
                     "num_eval_tasks": cfg.env.num_eval_tasks, "max_turns": cfg.env.max_turns,
@@ -314,12 +320,17 @@ def adapter_template(rt) -> dict:
             for n, w in (("actor", rt.llm.actor_weights), ("extractor", rt.llm.extractor_weights))}
 
 
-def format_prior_adapters(rt, log=None) -> dict:
-    """The cached adapters of `rt.cfg`'s format prior, trained on first use."""
+def format_prior_adapters(rt, log=None, *, refit: bool = False) -> dict:
+    """The cached adapters of `rt.cfg`'s format prior, trained on first use. `refit`: train into the cache
+    even if a cached copy exists (`crl-jax pretrain --refit`)."""
     pid = format_prior_id(rt.cfg)
-    if pid in _MEMO:
+    if pid in _MEMO and not refit:
         return _MEMO[pid]
     path = os.path.join(cache_dir(rt.cfg), f"format-prior-{pid}.npz")
+    if refit:
+        for p in (path, path[:-4] + ".json"):
+            if os.path.exists(p):
+                os.remove(p)
     _MEMO[pid] = cached_or_trained(path, adapter_template(rt), lambda say: train_format_prior(rt, log=say),
                                    what="format prior", id_key="format_prior_id", pid=pid, log=log)
     return _MEMO[pid]

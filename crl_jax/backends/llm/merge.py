@@ -1,6 +1,8 @@
 """The periodic merge on the LLM path (METHOD.md §2 step 8): the extractor reads a chunk of lessons
 (merge_system / merge_user templates, with the lessons carried from the previous chunk) and answers with
-a JSON list of `add` operations in `<answer>...</answer>`; those lessons replace the chunk.
+a JSON list of `add` operations in `<answer>...</answer>`; those lessons replace the chunk. As for
+distillation, the prompt holds one worked example (`llm_prompt.merge_example`) and ends with a prefilled
+`<answer>[` (`llm_prompt.merge_prefill`), which the parser puts back before the reply.
 
 Bank walk, carry, provenance and the buffer samples are the tiny path's (`crl_jax.extractor.merge_step.merge_into`
 over `crl_jax.extractor.merge.merge_family`). Only the reading differs: each chunk's response goes through the same
@@ -11,6 +13,8 @@ as it was and writes no sample. At most `MAX_OPS` (3) lessons come out of a chun
 
 from __future__ import annotations
 
+from crl_jax.backends.llm.adapters import extractor_params
+from crl_jax.backends.llm.prompt_pieces import merge_prefill
 from crl_jax.extractor.merge_step import maybe_merge as _maybe_merge
 from crl_jax.extractor.merge_step import MergePieces, merge_into, merge_prompt_len
 from crl_jax.extractor.ops_json import MAX_OPS, parse_operations_callback
@@ -28,9 +32,12 @@ def prompt_len(cfg, pieces: MergePieces) -> int:
 
 
 def parse_merge_response(rt, resp, rlen):
-    """One response [R] -> (op [3], entry [3, L], entry_len [3], mask [3]) through the host JSON parser."""
+    """One response [R] -> (op [3], entry [3, L], entry_len [3], mask [3]) through the host JSON parser; with
+    `llm_prompt.merge_prefill` the reply is read as the continuation of the prefill ('<answer>[')."""
     tok = rt.tokenizer
-    ops = parse_operations_callback(resp[None], rlen[None], tok.decode, tok.encode, rt.cfg.bank.entry_len)
+    prefill = merge_prefill(rt.cfg.prompts, rt.cfg.llm_prompt)
+    decode = (lambda ids: prefill + tok.decode(ids)) if prefill else tok.decode
+    ops = parse_operations_callback(resp[None], rlen[None], decode, tok.encode, rt.cfg.bank.entry_len)
     return ops["op"][0], ops["entry"][0], ops["entry_len"][0], ops["mask"][0]
 
 
@@ -39,9 +46,10 @@ def run_merge(rt, bank, buffer, eparams, key, step):
     cfg = rt.cfg
     scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,
                          stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id)
+    params = extractor_params(eparams)  # LoRA: base + adapters, once for the whole merge
 
     def generate_fn(prompt, plen, k):
-        return sample_tokens(rt.extractor_graphdef, eparams, prompt, plen, k, scfg)
+        return sample_tokens(rt.extractor_graphdef, params, prompt, plen, k, scfg)
 
     return merge_into(rt, bank, buffer, key, step, generate_fn=generate_fn, max_out=max_out(cfg),
                       parse_fn=lambda r, n: parse_merge_response(rt, r, n))

@@ -248,14 +248,29 @@ def distill_prompt(p: DistillPieces, budget: int, goal, goal_len, obs, obs_len, 
                          size=budget, pad_id=pad_id)
 
 
-def build_merge_pieces(tok, folder: str) -> MergePieces:
+def merge_example(folder: str) -> list[tuple[str, str]]:
+    """The merge's worked example: the example lessons as a first chunk (nothing carried), and its answer."""
+    lessons = prompts.load("merge_example_lessons", folder).splitlines()
+    entries = "".join(prompts.render("merge_entry", folder, entry=line) for line in lessons if line.strip())
+    user = prompts.render("merge_user", folder, context="", entries=entries)
+    return [("user", user), ("assistant", prompts.render("merge_example_reply", folder))]
+
+
+def merge_prefill(folder: str, variant: LLMPromptConfig = LLMPromptConfig()) -> str:
+    """The text every merge reply starts with (the end of the prompt), or "" without `merge_prefill`."""
+    return prompts.render("merge_prefill", folder) if variant.merge_prefill else ""
+
+
+def build_merge_pieces(tok, folder: str, variant: LLMPromptConfig = LLMPromptConfig()) -> MergePieces:
     """Segments of the merge prompt in `crl_jax.extractor.merge.merge_family`'s layout (header, sep, context,
-    entries, suffix): the chat of merge_system / merge_user cut at $context and $entries; `context` is the
-    merge_context label (only present when lessons are carried), `sep` the text merge_entry puts before
-    each lesson."""
+    entries, suffix): the chat of merge_system, the worked example (`variant.merge_example`) and merge_user,
+    cut at $context and $entries; `context` is the merge_context label (only present when lessons are
+    carried), `sep` the text merge_entry puts before each lesson; the suffix ends with the prefill
+    (`variant.merge_prefill`)."""
     user = prompts.render("merge_user", folder, context=slot("CONTEXT"), entries=slot("ENTRIES"))
-    text = chat_text(tok, [("system", prompts.render("merge_system", folder)), ("user", user)],
-                     add_generation_prompt=True)
+    example = merge_example(folder) if variant.merge_example else []
+    text = chat_text(tok, [("system", prompts.render("merge_system", folder))] + example + [("user", user)],
+                     add_generation_prompt=True) + merge_prefill(folder, variant)
     parts = split_slots(text)
     if [v for k, v in parts if k == "slot"] != ["CONTEXT", "ENTRIES"]:
         raise ValueError("merge_user.txt: $context must come before $entries, each once")

@@ -142,7 +142,7 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
     if dpieces.fixed_capacity > cfg.extraction.prompt_len:
         raise ConfigError(f"extraction.prompt_len: {cfg.extraction.prompt_len} tokens cannot hold the distillation "
                           f"prompt's fixed parts ({dpieces.fixed_capacity} tokens); raise it")
-    mpieces = build_merge_pieces(tok, cfg.prompts)
+    mpieces = build_merge_pieces(tok, cfg.prompts, cfg.llm_prompt)
     merge_len = merge_prompt_len(cfg, mpieces)
     for name, mc, plen in (("actor", acfg, apieces.prompt_len + cfg.rollout.max_action_tokens),
                            ("extractor", ecfg, max(cfg.extraction.prompt_len, merge_len)

@@ -19,7 +19,10 @@ Files (this folder, or any folder with the same names given as `Config.prompts`)
   ($outcome), `invalid_action.txt` (the $action of a turn without a valid move);
 - `merge_system.txt`, `merge_user.txt` ($context: the `merge_context.txt` label and the lessons carried
   from the previous chunk, left out for the first chunk; $entries: the lessons to merge), `merge_entry.txt`
-  ($entry: one lesson of either list, e.g. a new line and a dash before it; nothing may follow $entry).
+  ($entry: one lesson of either list, e.g. a new line and a dash before it; nothing may follow $entry);
+- the merge's worked example (`llm_prompt.merge_example`): the lessons of `merge_example_lessons.txt` (one a
+  line; general rules, no level of any pool) shown through `merge_user.txt` / `merge_entry.txt`, answered by
+  `merge_example_reply.txt`; `merge_prefill.txt`: the text merge replies start with (`llm_prompt.merge_prefill`).
 
 Placeholders use `string.Template` syntax (`$name` / `${name}`, `$$` for a dollar sign), so JSON
 examples need no escaping. One trailing newline of a file is dropped, so a file's text ends where its
@@ -38,7 +41,7 @@ NAMES = ("actor_system", "actor_experience", "actor_turn", "actor_next_turn", "d
          "distill_retrieved", "distill_step", "outcome_success", "outcome_failure", "invalid_action", "merge_system",
          "merge_user", "merge_context", "merge_entry", "actor_answer_only", "actor_answer_think",
          "actor_example_goal", "actor_example_obs", "actor_example_reply", "actor_example_reply_think", "actor_prefill",
-         "distill_example_reply", "distill_prefill")
+         "distill_example_reply", "distill_prefill", "merge_example_lessons", "merge_example_reply", "merge_prefill")
 
 
 def folder(custom: str = "") -> str:
