@@ -4,12 +4,11 @@ them), JSON answers read by the distillation's host parser (after the prefill), 
 provenance rules of `crl_jax.extractor.merge`, bad answers leaving the bank alone, and the real sampler inside the
 compiled merge."""
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _golden import check_golden
 from _llm_common import small_runtime
 
 from crl_jax import bank as bank_lib
@@ -18,7 +17,6 @@ from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.extractor.merge_step import merge_into
 from crl_jax.models import transformer as tr
 
-GOLDEN = os.path.join(os.path.dirname(__file__), "..", "golden")
 L = 24  # bank.entry_len
 SMALL = {"rollout": {"groups": 2, "group_size": 2, "max_action_tokens": 8},
          "env": {"max_turns": 2, "num_train_tasks": 4, "num_eval_tasks": 4},
@@ -87,13 +85,8 @@ def test_json_merge_rewrites_chunks_with_provenance_and_golden_prompt(rt):
     dec = lambda i: rt.tokenizer.decode(np.asarray(buf.prompt[i][: int(buf.prompt_len[i])]).tolist())  # noqa: E731
     p0, p1 = dec(0), dec(1)
     assert "Lessons merged so far" not in p0 and "\n- lesson 4\nWrite the merged lessons now." in p0
-    for text, name in ((p0, "merge_first_chunk.txt"), (p1, "merge_second_chunk.txt")):
-        path = os.path.join(GOLDEN, name)
-        if os.environ.get("UPDATE_GOLDEN"):
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        with open(path, encoding="utf-8") as f:
-            assert text == f.read(), f"merge prompt differs from {name} (UPDATE_GOLDEN=1 rewrites it)"
+    check_golden("merge_first_chunk.txt", p0)
+    check_golden("merge_second_chunk.txt", p1)
     # the worked example sits between the system message and the real chunk; the prompt ends with the prefill
     assert p0.count("<|im_start|>assistant\n") == 2 and p0.endswith("<|im_start|>assistant\n<answer>[")
     assert "- <title>Stairs in sight</title>" in p0 and p0.index("Stairs in sight") < p0.index("lesson 0")

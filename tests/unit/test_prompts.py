@@ -1,12 +1,12 @@
 """Prompt templates: loading and rendering, golden renderings through the SmolLM2 chat template,
 token budgets, truncation that keeps goal and outcome, and the free rollout never seeing experience."""
 
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _golden import check_golden
 
 from crl_jax import envs
 from crl_jax.backends.llm import prompt_pieces as pp
@@ -15,7 +15,6 @@ from crl_jax.envs.render import make_token_renderer
 from crl_jax.text import prompts
 from crl_jax.text.packing import pack_segments
 
-GOLDEN = os.path.join(os.path.dirname(__file__), "..", "golden")
 ENTRY = "<title>Sweep the walls</title><content>When the stairs are not in sight, walk along a wall.</content>"
 
 
@@ -65,15 +64,6 @@ def _seg(tok, text, cap):
     return jnp.asarray(ids + [0] * (cap - len(ids)), jnp.int32), jnp.int32(len(ids))
 
 
-def _check_golden(name, text):
-    path = os.path.join(GOLDEN, name)
-    if os.environ.get("UPDATE_GOLDEN"):
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    with open(path, encoding="utf-8") as f:
-        assert text == f.read(), f"{name} differs from the golden file (UPDATE_GOLDEN=1 rewrites it)"
-
-
 def _conversation(tok, ap, obs, obs_len, env, reply_text, stopped, has_exp):
     goal, gl = _seg(tok, "Level 3: " + env.task_text, 24)
     exp, el = _seg(tok, ENTRY, 40)
@@ -93,8 +83,8 @@ def test_actor_prompt_golden(setup):
     assert ap.prefill == "<answer>"
     guided = _conversation(tok, ap, obs, obs_len, env, "east</answer>", False, True)
     free = _conversation(tok, ap, obs, obs_len, env, "east</answer>", False, False)
-    _check_golden("actor_guided.txt", guided)
-    _check_golden("actor_free.txt", free)
+    check_golden("actor_guided.txt", guided)
+    check_golden("actor_free.txt", free)
     # The free prompt is the guided one minus the experience block, and holds no bank content.
     block = prompts.render("actor_experience", entry=ENTRY)
     assert guided.replace(block, "") == free
@@ -116,7 +106,7 @@ def test_actor_prompt_golden_think_without_example_or_prefill(setup):
                                action_cap=8, variant=v)
     assert ap.prefill == ""
     text = _conversation(tok, ap, obs, obs_len, env, "Dark. <answer>east</answer><|im_end|>", True, False)
-    _check_golden("actor_think_plain.txt", text)
+    check_golden("actor_think_plain.txt", text)
     assert "Example:" not in text and prompts.render("actor_answer_think") in text
     assert text.count("<|im_end|>") == 4 and text.endswith("<|im_start|>assistant\n")
 
@@ -133,7 +123,7 @@ def test_distill_prompt_golden_and_budget(setup):
     short = jnp.arange(T) < 2
     toks, n = pp.distill_prompt(dp, 1024, goal, gl, o, ol, acts, short, jnp.bool_(False), exp, el, jnp.bool_(True))
     two = _text(tok, toks, n)
-    _check_golden("distill_two_turns.txt", two)
+    check_golden("distill_two_turns.txt", two)
     # default variant: the worked example game and its JSON answer come first; the reply is prefilled
     assert dp.prefill == "<answer>[" and two.endswith("<|im_start|>assistant\n<answer>[")
     assert two.count(prompts.render("distill_example_reply")) == 1 and two.count("<|im_start|>user") == 2
