@@ -114,6 +114,9 @@ class ExtractorConfig:
     #                          (the group's free outcomes; our extension, crl_jax/losses/credit.py): the paper
     #                          trains writes only, so an extractor that stops writing cannot learn to write
     #                          again; 0 = the paper
+    update_unretrieved: str = "add"  # an UPDATE chosen when nothing was retrieved: "add" writes its entry as a new
+    #                                  one (our decision: else a run can collapse into no-op UPDATEs, RESULTS.md);
+    #                                  "ignore" writes nothing (the behaviour before 2026-12-02)
     op_explore: float = 0.0  # tiny path: the op token is drawn from (1 - this) * policy + this * uniform over the
     #                          ops (exploration: every op keeps >= this/3 probability, so a collapsed extractor
     #                          still tries ADD; behaviour log-probs are the mixture's); 0 = off (the paper)

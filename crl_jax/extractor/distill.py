@@ -31,6 +31,18 @@ from crl_jax.sampling import SamplerConfig, sample_tokens
 ADD, UPDATE, RETURN = 0, 1, 2
 
 
+def resolve_ops(op, has_exp, update_unretrieved: str):
+    """The operations to apply: op [...] with an UPDATE chosen where nothing was retrieved (`has_exp` False,
+    broadcast against op) turned into an ADD when `update_unretrieved == "add"` (our decision,
+    `extraction.update_unretrieved`): there is no entry to rewrite, so the entry is written as a new one.
+    With "ignore" such an UPDATE writes nothing, as a RETURN does; an extractor whose UPDATEs are rewarded
+    on guided episodes can then drift into writing nothing at all (no-op UPDATEs on every other episode,
+    no new entries, the bank pruned away: experiments/RESULTS.md)."""
+    if update_unretrieved == "add":
+        return jnp.where((op == UPDATE) & ~has_exp, ADD, op)
+    return op
+
+
 class DistillOut(NamedTuple):
     bank: object
     buffer: object
@@ -40,7 +52,7 @@ class DistillOut(NamedTuple):
     n_invalid: jax.Array
     n_add_failed: jax.Array  # adds / updates written from failed episodes (what RL should learn to avoid)
     n_return_trained: jax.Array = jnp.int32(0)  # no-write decisions stored with their reward (return_samples)
-    n_update_noop: jax.Array = jnp.int32(0)  # UPDATE chosen with no retrieved entry (writes nothing, as RETURN)
+    n_update_unretrieved: jax.Array = jnp.int32(0)  # UPDATEs chosen with nothing retrieved (`resolve_ops`)
 
 
 def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, has_exp):
@@ -121,8 +133,9 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
                          first_mix=cfg.extraction.op_explore)
     allowed = rt.tiny.response_allowed(cfg.extraction.max_new_tokens)[None]
     resp, logp, rlen = sample_tokens(rt.extractor_graphdef, eparams, prompts, plen, key, scfg, allowed)
-    op, entry, entry_len, valid = jax.vmap(
+    chosen, entry, entry_len, valid = jax.vmap(
         lambda r, n: parse_constrained(r, n, rt.tiny.op_ids, rt.tokenizer.eos_id, cfg.bank.entry_len))(resp, rlen)
+    op = resolve_ops(chosen, has_exp, cfg.extraction.update_unretrieved)
     writes = mask & valid & ((op == ADD) | ((op == UPDATE) & has_exp))
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]  # the buffer may be wider (merge samples)
     pad2 = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))  # noqa: E731
@@ -141,4 +154,4 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     n_update = jnp.sum(writes & (op == UPDATE))
     n_failed = jnp.sum(writes & ~episodes.success.astype(bool))
     return DistillOut(bank, buffer, n_add, n_update, jnp.sum(mask) - n_add - n_update - n_invalid, n_invalid,
-                      n_failed, n_ret_trained, jnp.sum(mask & valid & (op == UPDATE) & ~has_exp))
+                      n_failed, n_ret_trained, jnp.sum(mask & valid & (chosen == UPDATE) & ~has_exp))

@@ -25,7 +25,7 @@ COLUMNS = ("step", "env_steps", "success_guided", "success_free", "eval_heldin_w
 EXTRA = ("success_all", "retrieved_frac", "episode_turns", "ops_add", "ops_update", "ops_return", "ops_invalid",
          "merged_entries", "buffer_overflow", "extractor_ready", "adv_abs_mean", "actor/clip_frac",
          "actor/approx_kl", "actor/entropy", "extractor/ratio_mean", "actor/nonfinite", "extractor/nonfinite",
-         "ops_return_trained", "ops_update_noop")
+         "ops_return_trained", "ops_update_unretrieved")
 ALL_COLUMNS = COLUMNS + EXTRA
 
 

@@ -7,8 +7,10 @@ the min-max range for 2 runs (a 2-sample t-interval is 12.7 standard errors wide
 Training-success panels are smoothed by a centred moving average that is exact at the ends and skips NaN
 (`smooth_series`; the figure says so and gives the window), with the raw means drawn faintly. Success
 panels are clipped to [0, 1]. One colour per group in every panel, one legend for the figure. Panels:
-training success of guided and free rollouts, evaluation with and without experience
-(held-in and held-out), bank size, extractor reward.
+first the headline comparison (`HEADLINE`: held-in evaluation of each group's deployed policy, with
+experience where the group has a bank, else without, the demo table's first paired difference), then
+training success of guided and free rollouts, evaluation with and without experience (held-in and
+held-out), bank size, extractor reward.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from matplotlib.figure import Figure
 
 from crl_jax.infra.metrics import column, read_csv
 
+HEADLINE = "heldin_deployed"  # pseudo-column: eval_heldin_with_exp where a group has it, else _without_exp
 PANELS = (
+    (HEADLINE, "held-in eval: with experience if a bank, else without"),
     ("success_guided", "train success, guided"),
     ("success_free", "train success, free"),
     ("eval_heldin_with_exp", "held-in eval, with experience"),
@@ -110,6 +114,13 @@ def group_series(runs: list[list[dict]], col: str, smooth: int = 1):
     return steps, mean, lo, hi, raw
 
 
+def deployed_column(runs: list[list[dict]]) -> str:
+    """The held-in column of a group's deployed policy: with experience if any of its runs evaluated with
+    one (CRL and the bank methods), else without (GRPO)."""
+    with_exp = [x for rows in runs for x in column(rows, "eval_heldin_with_exp")]
+    return "eval_heldin_with_exp" if np.any(np.isfinite(with_exp)) else "eval_heldin_without_exp"
+
+
 def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
     """PNG of the learning curves of `run_dirs`; success panels are smoothed over `smooth` steps (said in
     the figure), with the unsmoothed group means drawn faintly behind."""
@@ -120,15 +131,16 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
             raise FileNotFoundError(f"no metrics.csv in run folder {d!r}")
         groups[run_label(d)].append(read_csv(path))
     # A bare Figure (no pyplot): drawn by the Agg canvas on save, whatever backend the process has chosen
-    fig = Figure(figsize=(18, 8))
-    axes = fig.subplots(2, 4)
+    fig = Figure(figsize=(15, 12))
+    axes = fig.subplots(3, 3)
     colors = {label: f"C{i % 10}" for i, label in enumerate(sorted(groups))}
     handles = {}
     for ax, (col, title) in zip(axes.flat, PANELS):
-        bounded = col.startswith(("success", "eval"))
+        bounded = col.startswith(("success", "eval")) or col == HEADLINE
         smoothed = smooth > 1 and col.startswith("success")
         for label, runs in sorted(groups.items()):
-            steps, mean, lo, hi, raw = group_series(runs, col, smooth if smoothed else 1)
+            src = deployed_column(runs) if col == HEADLINE else col
+            steps, mean, lo, hi, raw = group_series(runs, src, smooth if smoothed else 1)
             if not len(steps):
                 continue
             if bounded:
@@ -137,9 +149,11 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
             if smoothed:
                 ax.plot(steps, raw, color=c, alpha=0.3, linewidth=0.8, marker=".", markersize=3)
             (line,) = ax.plot(steps, mean, color=c, label=f"{label} (n={len(runs)})",
-                              marker="o" if len(steps) < 12 else None)
+                              marker="o" if len(steps) < 12 else None,
+                              linestyle="--" if col == HEADLINE and src.endswith("without_exp") else "-")
             ax.fill_between(steps, lo, hi, color=c, alpha=0.15)
-            handles.setdefault(label, line)
+            if col != HEADLINE or label not in handles:  # the legend shows solid lines (a later panel's)
+                handles[label] = line
         ax.set_title(title + (f" (smoothed, {smooth}-step window)" if smoothed else ""), fontsize=10)
         ax.set_xlabel("step")
         if bounded:
@@ -153,7 +167,9 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
     fig.legend([handles[k] for k in sorted(handles)], [handles[k].get_label() for k in sorted(handles)],
                loc="lower center", ncol=min(len(handles), 6) or 1, fontsize=9,
                title=f"mean over seeds; band: {what}{note}")
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    axes.flat[0].text(0.02, 0.97, "solid: with experience; dashed: without", transform=axes.flat[0].transAxes,
+                      fontsize=8, va="top")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fig.savefig(out, dpi=90)
     return out

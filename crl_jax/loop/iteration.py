@@ -201,7 +201,7 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
                        task_len=p.task_len, episodes=ep, keys=p.q, exp=p.exp, exp_len=p.exp_len, has_exp=has_exp,
                        slots=slots, mask=mask, return_value=ret_value.reshape(N), return_ok=ret_ok.reshape(N))
         return d.bank, d.buffer, jnp.stack([d.n_add, d.n_update, d.n_return, d.n_invalid,
-                                            d.n_add_failed, d.n_return_trained, d.n_update_noop]).astype(jnp.int32)
+                                            d.n_add_failed, d.n_return_trained, d.n_update_unretrieved]).astype(jnp.int32)
 
     bank, buffer, ops = jax.lax.cond(flags.edits_bank, do_distill,
                                      lambda bb: (bb[0], bb[1], jnp.zeros((7,), jnp.int32)), (bank, buffer))
@@ -231,7 +231,7 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
         "extractor_ready": ready.astype(jnp.float32),
         "ops_add": n_add.astype(jnp.float32), "ops_update": n_upd.astype(jnp.float32),
         "ops_return": n_ret.astype(jnp.float32), "ops_invalid": n_inv.astype(jnp.float32),
-        "ops_return_trained": ops[5].astype(jnp.float32), "ops_update_noop": ops[6].astype(jnp.float32),
+        "ops_return_trained": ops[5].astype(jnp.float32), "ops_update_unretrieved": ops[6].astype(jnp.float32),
         "write_rate_failed": jnp.where(flags.edits_bank & (n_failed_ep > 0),
                                        ops[4] / jnp.maximum(n_failed_ep, 1), jnp.nan).astype(jnp.float32),
         "merged_entries": n_merged.astype(jnp.float32),

@@ -117,7 +117,48 @@ def test_finish_trains_return_decisions_with_the_free_value():
     assert int(extra.sum()) == n
     np.testing.assert_array_equal(np.asarray(buf.reward_sum)[extra], 0.0)
     np.testing.assert_array_equal(np.asarray(buf.reward_count)[extra], 1)
-    # the op token of each stored sample writes nothing: <RETURN>, or <UPDATE> with no retrieved entry
-    assert set(np.asarray(buf.response)[extra, 0].tolist()) <= {int(rt.tiny.op_ids[1]), int(rt.tiny.op_ids[2])}
+    # the op token of each stored sample writes nothing: <RETURN> (an <UPDATE> with no retrieved entry is
+    # written as an ADD by default, extraction.update_unretrieved)
+    assert set(np.asarray(buf.response)[extra, 0].tolist()) == {int(rt.tiny.op_ids[2])}
     # writes and their ids are the same as without it (RETURN samples are added after them)
     np.testing.assert_array_equal(new.bank.tokens, new0.bank.tokens)
+
+
+def _distill_scripted_update(rt, state, p, ep, monkeypatch):
+    """The tiny distillation with the sampler scripted to answer `<UPDATE> a0 a0 <EOS>` on every episode."""
+    from crl_jax.extractor import distill as distill_mod
+
+    a0, upd, eos = int(rt.tiny.action_ids[0]), int(rt.tiny.op_ids[1]), rt.tokenizer.eos_id
+
+    def scripted(graphdef, params, prompt, plen, key, scfg, allowed=None):
+        B, n = prompt.shape[0], scfg.max_new_tokens
+        row = jnp.asarray([upd, a0, a0, eos] + [rt.tokenizer.pad_id] * (n - 4), jnp.int32)
+        return jnp.broadcast_to(row, (B, n)), jnp.full((B, n), -1.0), jnp.full((B,), 4, jnp.int32)
+
+    monkeypatch.setattr(distill_mod, "sample_tokens", scripted)
+    return distill_mod.distill(rt, p.bank, state.buffer, state.extractor.params, jax.random.key(5), state.step,
+                               task_tokens=p.task_tokens, task_len=p.task_len, episodes=ep, keys=p.q, exp=p.exp,
+                               exp_len=p.exp_len, has_exp=p.has_exp, slots=p.slots, mask=jnp.ones((4,), bool))
+
+
+def test_update_with_nothing_retrieved_is_written_as_an_add(monkeypatch):
+    """Rollouts 0, 1 retrieved entries 0, 1; rollouts 2, 3 nothing. Every reply is `<UPDATE> a0 a0`: 0 and 1
+    rewrite their entries; 2 and 3 have nothing to rewrite: with `update_unretrieved="add"` (default) they
+    add two new entries, with "ignore" they write nothing (and every write is a buffer sample)."""
+    rt, state, p, ep = _scripted()
+    a0 = int(rt.tiny.action_ids[0])
+    d = _distill_scripted_update(rt, state, p, ep, monkeypatch)
+    assert (int(d.n_add), int(d.n_update), int(d.n_return), int(d.n_update_unretrieved)) == (2, 2, 0, 2)
+    assert int(bank_lib.size(d.bank)) == 4 and int(d.buffer.valid.sum()) == 2 + 4
+    new = np.asarray(d.bank.valid) & (np.arange(d.bank.valid.shape[0]) >= 2)
+    assert int(new.sum()) == 2
+    np.testing.assert_array_equal(np.asarray(d.bank.tokens)[new][:, :2], a0)
+    np.testing.assert_array_equal(np.asarray(d.bank.lengths)[new], 2)
+    np.testing.assert_array_equal(np.asarray(d.bank.lengths)[:2], 2)  # entries 0, 1 rewritten (were 3 long)
+
+    cfg = rt.cfg
+    rt_ign = build(dataclasses.replace(cfg, extraction=dataclasses.replace(cfg.extraction,
+                                                                           update_unretrieved="ignore")))
+    d = _distill_scripted_update(rt_ign, state, p, ep, monkeypatch)
+    assert (int(d.n_add), int(d.n_update), int(d.n_return), int(d.n_update_unretrieved)) == (0, 2, 2, 2)
+    assert int(bank_lib.size(d.bank)) == 2 and int(d.buffer.valid.sum()) == 2 + 2

@@ -40,6 +40,7 @@ def test_parse_overrides_nested():
     (["extraction.return_samples=-1"], "extraction.return_samples"),
     (["extraction.op_explore=1.0"], "extraction.op_explore"),
     (["extraction.op_explore=0.1", "extractor.preset=smollm2-135m"], "extraction.op_explore"),
+    (["extraction.update_unretrieved=skip"], "extraction.update_unretrieved"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as e:

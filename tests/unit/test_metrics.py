@@ -3,7 +3,7 @@
 import numpy as np
 
 from crl_jax.infra.metrics import COLUMNS, MetricsWriter, read_csv, rows_from_chunk, summary_from_rows
-from crl_jax.infra.plot import band, plot_runs, t_interval
+from crl_jax.infra.plot import band, deployed_column, plot_runs, t_interval
 
 
 def _chunk(n, first, ev=False):
@@ -54,3 +54,12 @@ def test_plot_writes_png(tmp_path):
         MetricsWriter(str(d), tensorboard=False).write(_chunk(4, 0, ev=True))
     out = plot_runs([str(tmp_path / "r0"), str(tmp_path / "r1")], str(tmp_path / "p.png"))
     assert open(out, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_headline_panel_shows_each_group_deployed_policy():
+    """The first panel draws a group's held-in evaluation with experience when it has one (CRL), else
+    without (GRPO: its with-experience column is empty)."""
+    crl = [[{"step": "5", "eval_heldin_with_exp": "0.5", "eval_heldin_without_exp": "0.25"}]]
+    grpo = [[{"step": "5", "eval_heldin_with_exp": "", "eval_heldin_without_exp": "0.375"}]]
+    assert deployed_column(crl) == "eval_heldin_with_exp"
+    assert deployed_column(grpo) == "eval_heldin_without_exp"

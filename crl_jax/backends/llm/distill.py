@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from crl_jax.backends.llm.adapters import extractor_params
 from crl_jax.backends.llm.prompt_pieces import distill_prompt
-from crl_jax.extractor.distill import ADD, UPDATE, DistillOut, apply_operations, store_returns
+from crl_jax.extractor.distill import ADD, UPDATE, DistillOut, apply_operations, resolve_ops, store_returns
 from crl_jax.extractor.ops_json import parse_operations_callback
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
@@ -51,6 +51,9 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     resp, logp, rlen = sample_tokens(rt.extractor_graphdef, extractor_params(eparams), prompts, plen, key, scfg)
     ops = parse_responses(rt, resp, rlen)
     M = ops["op"].shape[1]
+    chosen = ops["op"]
+    unretrieved = ops["mask"] & (chosen == UPDATE) & ~has_exp[:, None] & mask[:, None]
+    ops = dict(ops, op=resolve_ops(chosen, has_exp[:, None], cfg.extraction.update_unretrieved))
     op_ok = ops["mask"] & ((ops["op"] == ADD) | ((ops["op"] == UPDATE) & has_exp[:, None])) & mask[:, None]
     writes = op_ok.any(1)
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]
@@ -72,4 +75,5 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
         buffer, stored = store_returns(buffer, valid & ~writes, prompts, plen, resp, rlen, logp, return_value,
                                        return_ok, cfg.extraction.return_samples, jax.random.fold_in(key, 7), step)
         n_ret_trained = jnp.sum(stored)
-    return DistillOut(bank, buffer, n_add, n_update, n_return, n_invalid, n_failed, n_ret_trained)
+    return DistillOut(bank, buffer, n_add, n_update, n_return, n_invalid, n_failed, n_ret_trained,
+                      jnp.sum(unretrieved))
