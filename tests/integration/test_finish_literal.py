@@ -162,3 +162,14 @@ def test_update_with_nothing_retrieved_is_written_as_an_add(monkeypatch):
     d = _distill_scripted_update(rt_ign, state, p, ep, monkeypatch)
     assert (int(d.n_add), int(d.n_update), int(d.n_return), int(d.n_update_unretrieved)) == (0, 2, 2, 2)
     assert int(bank_lib.size(d.bank)) == 2 and int(d.buffer.valid.sum()) == 2 + 2
+
+
+def test_resolve_ops_literal():
+    """`resolve_ops` on the LLM path's [episodes, ops per reply] layout (has_exp broadcast per episode)."""
+    from crl_jax.extractor.distill import ADD, RETURN, UPDATE, resolve_ops
+
+    op = jnp.array([[UPDATE, ADD], [UPDATE, RETURN]])
+    has = jnp.array([[True], [False]])
+    assert resolve_ops(op, has, "add").tolist() == [[UPDATE, ADD], [ADD, RETURN]]
+    assert resolve_ops(op, has, "ignore").tolist() == op.tolist()
+    assert jax.jit(lambda o, h: resolve_ops(o, h, "add"))(op, has).tolist() == [[UPDATE, ADD], [ADD, RETURN]]
