@@ -8,6 +8,8 @@ sequences of action tokens (a plan); the response mask enforces op-token-first, 
 Operations are applied in episode order (a `lax.scan`), so the result is deterministic. Every add or
 update is a generation that can later earn reward: it goes into the extractor sample buffer, and its
 buffer id becomes the entry's `source`. `<RETURN>` and malformed responses write nothing and are counted.
+An `<UPDATE>` on an episode that retrieved nothing is written as an ADD (`resolve_ops`,
+`extraction.update_unretrieved`).
 
 With `extraction.return_samples = n > 0` (our extension) up to n well-formed `<RETURN>` decisions per step
 also go into the buffer, already credited with `credit.return_values` (what playing without an entry earned
