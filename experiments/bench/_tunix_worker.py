@@ -1,6 +1,7 @@
 """Tunix side of the comparison benchmarks; runs INSIDE the Tunix venv (see tunix_setup.sh).
 
     python _tunix_worker.py MODE 'JSON ARGS'      # prints one JSON line (the last line of stdout)
+    python _tunix_worker.py serve 'JSON SETUP'    # a session: one JSON request per stdin line
 
 Modes:
 - export: build the Llama3 model with `create_dummy_model(Llama3, cfg, scale=0.1, random_seed=seed)`,
@@ -13,11 +14,19 @@ Modes:
   0.1.7 ships no FrozenLake environment, so this file defines one), an agent that reads the sampled
   action token, and a model_call that runs the vanilla Sampler on the turn's prompt with all but the 4
   action tokens forbidden (constrained one-token actions, as in our rollout).
+- serve: a persistent session (`tunix_common.WorkerSession`) so that the main process can interleave one
+  timed call of ours with one timed call of Tunix (the machine is shared: timing the two sides minutes
+  apart measures the load as much as the code). SETUP is the sampler or agentic args plus "kind"
+  ("sampler" | "agentic"); the sampler / engine is built once, a {"ready": true, ...} line is printed,
+  then each stdin line {"batch": B, "seed": s} (sampler) or {"episodes": n, "seed": s} (agentic) is
+  answered by ONE timed call as one JSON stdout line; {"quit": true} or EOF ends it. The first request of
+  a shape includes Tunix's compile (its jit is per shape), so the caller sends a warm-up first.
 Imports nothing from crl_jax.
 """
 
 import asyncio
 import copy
+import itertools
 import json
 import statistics
 import sys
@@ -108,32 +117,35 @@ def mode_export(a):
                 devices=str(jax.devices()))
 
 
-def mode_sampler(a):
-    shape, P, N, reps = a["shape"], a["prompt_len"], a["new_tokens"], a["reps"]
+def sampler_engine(a):
+    """Build the model and the vanilla Sampler once -> call(B, seed): one timed `__call__` at batch B."""
+    shape, P, N = a["shape"], a["prompt_len"], a["new_tokens"]
     model, cfg = build_model(shape, a["seed"])
     tok = IntTokenizer()
     s = make_sampler(model, cfg, tok, P + N)
+    texts = {}
+
+    def call(B, seed):
+        if B not in texts:  # the same integer prompts as the main process (rng seeded by B)
+            texts[B] = [tok.decode(r) for r in np.random.default_rng(B).integers(2, shape["vocab_size"], (B, P))]
+        t0 = time.perf_counter()
+        # eos -1 is never sampled: every row runs all N steps (no early stop).
+        out = s(texts[B], max_generation_steps=N, max_prompt_length=P, temperature=1.0, top_p=1.0,
+                eos_tokens=[-1], seed=seed)
+        dt = time.perf_counter() - t0
+        return dict(batch=B, seconds=dt, tok_s=B * N / dt, tokens_per_row=len(out.tokens[0]))
+
+    return call
+
+
+def mode_sampler(a):
+    call = sampler_engine(a)
     rows = []
     for B in a["batches"]:
-        prompts = np.random.default_rng(B).integers(2, shape["vocab_size"], (B, P))
-        texts = [tok.decode(r) for r in prompts]
-
-        def call(seed):
-            # eos -1 is never sampled: every row runs all N steps (no early stop).
-            return s(texts, max_generation_steps=N, max_prompt_length=P, temperature=1.0, top_p=1.0,
-                     eos_tokens=[-1], seed=seed)
-
-        t0 = time.perf_counter()
-        out = call(0)
-        first = time.perf_counter() - t0
-        n_out = len(out.tokens[0])
-        times = []
-        for r in range(reps):
-            t0 = time.perf_counter()
-            call(r + 1)
-            times.append(time.perf_counter() - t0)
-        t = statistics.median(times)
-        rows.append(dict(batch=B, seconds=t, tok_s=B * N / t, first_s=first, tokens_per_row=n_out))
+        first = call(B, 0)
+        t = statistics.median(call(B, r + 1)["seconds"] for r in range(a["reps"]))
+        rows.append(dict(batch=B, seconds=t, tok_s=B * a["new_tokens"] / t, first_s=first["seconds"],
+                         tokens_per_row=first["tokens_per_row"]))
     return dict(rows=rows)
 
 
@@ -141,7 +153,9 @@ def mode_sampler(a):
 # Agentic FrozenLake
 
 
-def run_agentic(a):
+def agentic_engine(a):
+    """Build the model, sampler, env and agent classes once -> call(n, seed): one timed `collect_multiple`
+    over n (agent, env) pairs; the sampler seeds of that call are seed * 1e6, seed * 1e6 + 1, ..."""
     from tunix.rl.agentic.agents import agent_types, base_agent
     from tunix.rl.agentic.environments import base_environment
     from tunix.rl.agentic.trajectory import trajectory_collect_engine as tce
@@ -200,13 +214,13 @@ def run_agentic(a):
     s = make_sampler(model, cfg, tok, P + 1)
     action_ids = set(a["action_ids"])
     forbidden = tuple(i for i in range(a["shape"]["vocab_size"]) if i not in action_ids)
-    counter = iter(range(10**9))
+    counter = [itertools.count()]  # replaced per call (seeded); next() on it is atomic under the GIL
 
     def model_call(chat, env=None, max_generation_steps=None, **kw):
         # "current" history (as our rollout): task text + this turn's observation + action prompt.
         prompt = chat[0]["content"] + chat[-1]["content"] + "Action: "
         out = s([prompt], max_generation_steps=1, max_prompt_length=P, temperature=1.0, top_p=1.0,
-                forbidden_tokens=forbidden, eos_tokens=[-1], seed=next(counter))
+                forbidden_tokens=forbidden, eos_tokens=[-1], seed=next(counter[0]))
         return base_rollout.RolloutOutput(text=out.text, logits=[], tokens=out.tokens,
                                           left_padded_prompt_tokens=out.padded_prompt_tokens, logprobs=None)
 
@@ -217,27 +231,53 @@ def run_agentic(a):
             pairs, model_call=model_call, timeout=1e6, mode="Trajectory", overlong_filter=False)]
         return trajs
 
-    def timed(n):
+    def call(n, seed):
+        counter[0] = itertools.count(seed * 10**6)
         t0 = time.perf_counter()
         trajs = asyncio.run(collect(n))
         dt = time.perf_counter() - t0
         turns = [len(t.steps) for t in trajs]
         succ = [bool(t.steps and t.steps[-1].info.get("success")) for t in trajs]
-        return dt, turns, succ
+        return dict(episodes=n, seconds=dt, episodes_s=n / dt, turns=int(sum(turns)), turns_s=sum(turns) / dt,
+                    mean_turns=float(np.mean(turns)), success=float(np.mean(succ)))
 
-    timed(2)  # compile prefill/decode for this prompt length
+    return call
+
+
+def run_agentic(a):
+    call = agentic_engine(a)
+    call(2, 0)  # compile prefill/decode for this prompt length
     rows = []
     for n in a["episodes"]:
-        ts = [timed(n) for _ in range(a["reps"])]
-        dt = statistics.median(t[0] for t in ts)
-        turns, succ = ts[0][1], ts[0][2]
-        rows.append(dict(episodes=n, seconds=dt, episodes_s=n / dt, turns_s=sum(turns) / dt,
-                         mean_turns=float(np.mean(turns)), success=float(np.mean(succ))))
+        rs = [call(n, r + 1) for r in range(a["reps"])]
+        dt = statistics.median(r["seconds"] for r in rs)
+        rows.append(dict(episodes=n, seconds=dt, episodes_s=n / dt, turns_s=rs[0]["turns"] / dt,
+                         mean_turns=rs[0]["mean_turns"], success=rs[0]["success"]))
     return dict(rows=rows)
+
+
+def serve(a):
+    """The session loop (see the module docstring): build once, then one timed call per request line."""
+    kind = a["kind"]
+    call = {"sampler": sampler_engine, "agentic": agentic_engine}[kind](a)
+    arg = {"sampler": "batch", "agentic": "episodes"}[kind]
+    print(json.dumps(dict(ready=True, kind=kind, jax=jax.__version__, devices=str(jax.devices()))), flush=True)
+    while True:
+        line = sys.stdin.readline()
+        if not line:  # EOF: the caller went away
+            return
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        if req.get("quit"):
+            return
+        print(json.dumps(call(int(req[arg]), int(req.get("seed", 0)))), flush=True)
 
 
 def main():
     mode, args = sys.argv[1], json.loads(sys.argv[2])
+    if mode == "serve":
+        return serve(args)
     fn = {"export": mode_export, "sampler": mode_sampler, "agentic": run_agentic}[mode]
     print(json.dumps(fn(args)))
 

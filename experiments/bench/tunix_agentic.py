@@ -15,6 +15,18 @@ constrained action token per turn sampled at temperature 1.
 - Tunix: `TrajectoryCollectEngine.collect_multiple` (what its agentic learner runs per group) over
   (agent, env) pairs, asyncio + a thread pool, one vanilla-Sampler call (batch 1, prompt padded to
   the same P, all non-action tokens forbidden) per episode per turn; an episode stops when done.
+
+Timing is interleaved (the machine is shared): per episode count both sides are warmed (first call incl.
+compile, reported), then each repeat times one `play` of ours and one `collect_multiple` of Tunix (a
+persistent worker, `tunix_common.WorkerSession`); the ratio is taken per repeat and reported as min /
+median / max, with the 1-minute load average at the start and end of each row.
+
+Efficiency read-out (why the ratio is what it is): the matmul FLOPs of one turn on each side are counted
+analytically (`tunix_common.turn_flops`: ours runs the last layer for the last prompt row only and plays
+the masked turns of finished episodes; Tunix unembeds every prompt row, runs one extra decode step per
+call, and stops an episode when done), and this machine's float32 matmul rate is measured once in the
+same run (`matmul_gflops`). ep/s ratio ~= (FLOPs per episode, Tunix / ours) x (achieved GFLOP/s, ours /
+Tunix): the first factor is work one side skips, the second how well each side keeps the cores busy.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -63,26 +76,95 @@ def setup(turns: int):
     return env, tok, renderer, a_ids, seg
 
 
-def bench_ours(gd, pa, env, tok, renderer, a_ids, seg, n, turns, reps):
+def ours_fn(gd, env, tok, renderer, a_ids, seg, n, turns):
+    """Our jitted `play` of n episodes (tasks 0..n-1) -> fn(params, key) -> Episodes."""
     task_text = env.task_text + "\n"
     ttok, tlen = _rows(tok, [task_text] * n)
-    fn = jax.jit(lambda params, key: play(
+    return jax.jit(lambda params, key: play(
         gd, params, env, renderer, seg, a_ids, key, tasks=jnp.arange(n, dtype=jnp.int32), task_tokens=ttok,
         task_len=tlen, exp=jnp.zeros((n, 1), jnp.int32), exp_len=jnp.zeros((n,), jnp.int32),
         has_exp=jnp.zeros((n,), bool), num_turns=turns, temperature=1.0))
+
+
+def ours_call(fn, pa, n, turns, seed) -> dict:
+    """One timed `play`; turns = played turns (the call computes n * turns, finished episodes masked)."""
     t0 = time.perf_counter()
-    ep = jax.block_until_ready(fn(pa, jax.random.key(0)))
-    first = time.perf_counter() - t0
-    times = []
+    ep = jax.block_until_ready(fn(pa, jax.random.key(seed)))
+    dt = time.perf_counter() - t0
+    played = np.asarray(ep.turns)
+    return dict(seconds=dt, turns=int(played.sum()), computed_turns=n * turns, mean_turns=float(played.mean()),
+                success=float(np.asarray(ep.success).mean()))
+
+
+def tunix_call(tunix, n, seed) -> dict:
+    out = tunix.request(episodes=n, seed=seed)
+    return dict(out, computed_turns=out["turns"])  # Tunix computes exactly the played turns
+
+
+def bench_row(calls: dict, n: int, reps: int) -> dict:
+    """Warm both sides (compile; first-call seconds kept), then `reps` rounds of one call per side in turn.
+    calls: {name: fn(seed) -> dict}. Returns {episodes, first: {name: s}, runs: {name: [dict per repeat]},
+    load: (1-min load average at the start, at the end)}."""
+    load0 = tc.loadavg()
+    first = {name: fn(0)["seconds"] for name, fn in calls.items()}
+    runs = {name: [] for name in calls}
     for r in range(reps):
+        for name, fn in calls.items():
+            runs[name].append(fn(r + 1))
+    return dict(episodes=n, first=first, runs=runs, load=(load0, tc.loadavg()))
+
+
+def matmul_gflops(n: int = 2048, calls: int = 5) -> float:
+    """This machine's float32 matmul rate now (GFLOP/s): a jitted [n x n] @ [n x n], median of `calls` calls
+    after a warm one. The ceiling that both sides' achieved GFLOP/s are read against."""
+    x = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    f = jax.jit(jnp.matmul)
+    jax.block_until_ready(f(x, x))
+    times = []
+    for _ in range(calls):
         t0 = time.perf_counter()
-        ep = jax.block_until_ready(fn(pa, jax.random.key(r + 1)))
+        jax.block_until_ready(f(x, x))
         times.append(time.perf_counter() - t0)
-    t = statistics.median(times)
-    turns_played = np.asarray(ep.turns)
-    return dict(episodes=n, seconds=t, episodes_s=n / t, turns_s=float(turns_played.sum()) / t,
-                mean_turns=float(turns_played.mean()), success=float(np.asarray(ep.success).mean()),
-                first_s=first, prompt_len=int(ep.prompts.shape[2]))
+    return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
+def row_stats(row, flops: dict) -> dict:
+    """Per-row read-outs: median ep/s, turns/s, achieved GFLOP/s per side; per-repeat ours / Tunix ratios."""
+    n, st = row["episodes"], {}
+    for name, runs in row["runs"].items():
+        sec = np.array([r["seconds"] for r in runs])
+        played, computed = np.array([r["turns"] for r in runs]), np.array([r["computed_turns"] for r in runs])
+        st[name] = dict(ep_s=float(np.median(n / sec)), turns_s=float(np.median(played / sec)),
+                        gflop_s=float(np.median(computed * flops[name] / sec / 1e9)),
+                        mean_turns=statistics.mean(r["mean_turns"] for r in runs),
+                        success=statistics.mean(r["success"] for r in runs),
+                        flop_ep=float(computed.mean()) * flops[name] / n)
+    st["ratios"] = [b["seconds"] / a["seconds"] for a, b in zip(row["runs"]["ours"], row["runs"]["tunix"])]
+    return st
+
+
+def table(rows, flops, peak, turns, P) -> str:
+    out = ["| episodes | turns (max) | P | ours ep/s | Tunix ep/s | ours / Tunix (min / med / max) | ours turns/s | "
+           "Tunix turns/s | mean turns ours / Tunix | success ours / Tunix | GFLOP/s ours / Tunix | "
+           "of matmul rate ours / Tunix | load 1 min start / end |", "|" + "---|" * 13]
+    for row in rows:
+        st = row_stats(row, flops)
+        o, t = st["ours"], st["tunix"]
+        out.append(f"| {row['episodes']} | {turns} | {P} | {o['ep_s']:,.1f} | {t['ep_s']:,.2f} | "
+                   f"x{tc.fmt_spread(st['ratios'], '.1f')} | {o['turns_s']:,.0f} | {t['turns_s']:,.1f} | "
+                   f"{o['mean_turns']:.1f} / {t['mean_turns']:.1f} | {o['success']:.2f} / {t['success']:.2f} | "
+                   f"{o['gflop_s']:.1f} / {t['gflop_s']:.1f} | {100 * o['gflop_s'] / peak:.0f}% / "
+                   f"{100 * t['gflop_s'] / peak:.0f}% | {row['load'][0]} / {row['load'][1]} |")
+    return "\n".join(out)
+
+
+def explain(row, flops) -> str:
+    """One line: the median ratio next to its two factors (work per episode, achieved GFLOP/s)."""
+    st = row_stats(row, flops)
+    o, t = st["ours"], st["tunix"]
+    return (f"{row['episodes']} ep: ours / Tunix x{statistics.median(st['ratios']):.1f} ~= FLOP per episode "
+            f"Tunix / ours x{t['flop_ep'] / o['flop_ep']:.2f} ({t['flop_ep'] / 1e6:.1f} / {o['flop_ep'] / 1e6:.1f} M)"
+            f" * achieved GFLOP/s ours / Tunix x{o['gflop_s'] / t['gflop_s']:.1f}")
 
 
 def main(argv=None):
@@ -90,15 +172,15 @@ def main(argv=None):
     ap.add_argument("--venv", default=tc.DEFAULT_VENV)
     ap.add_argument("--episodes", default="16,64")
     ap.add_argument("--turns", type=int, default=10, help="env max_steps = turns per episode")
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repeats per row (min / median / max)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="8 episodes, 5 turns, 1 rep")
+    ap.add_argument("--quick", action="store_true", help="8 episodes, 5 turns, 3 reps")
     ap.add_argument("--results", default="")
     ap.add_argument("--date", default="")
     ap.add_argument("--hardware", default="")
     a = ap.parse_args(argv)
     if a.quick:
-        a.episodes, a.turns, a.reps = "8", 5, 1
+        a.episodes, a.turns, a.reps = "8", 5, 3
     counts = [int(x) for x in a.episodes.split(",")]
     env, tok, renderer, a_ids, seg = setup(a.turns)
     shape = tc.bench_shape(tok.vocab_size)
@@ -106,34 +188,42 @@ def main(argv=None):
         gd, pa, info = tc.load_shared_weights(a.venv, shape, a.seed, os.path.join(d, "w.npz"))
     print(f"model {shape}, {info['num_params'] / 1e6:.2f}M params; same weights: max |logit diff| = "
           f"{info['logit_max_abs_diff']:.2e}; jax {jax.__version__} {jax.devices()}", flush=True)
-    ours = [bench_ours(gd, pa, env, tok, renderer, a_ids, seg, n, a.turns, a.reps) for n in counts]
-    P = ours[0]["prompt_len"]
+    fns = {n: ours_fn(gd, env, tok, renderer, a_ids, seg, n, a.turns) for n in counts}
+    P = int(jax.eval_shape(fns[counts[0]], pa, jax.random.key(0)).prompts.shape[2])  # the packed prompt width
     holes = np.asarray(jax.vmap(env.task_level)(jnp.arange(max(counts), dtype=jnp.int32)).holes)
     msgs = dict(start=env.env_messages[0], blocked=env.env_messages[1], hole=env.env_messages[2],
                 goal=env.env_messages[3], invalid="That is not a valid action.")
     assert msgs["invalid"] in env.messages, env.messages
-    theirs = tc.run_worker(a.venv, "agentic", dict(
-        shape=shape, seed=a.seed, episodes=counts, reps=a.reps, max_steps=a.turns, prompt_len=P,
-        holes=holes.reshape(len(holes), -1).astype(int).tolist(), messages=msgs, action_names=list(env.action_names),
-        extras=list(tok.extra_tokens), action_ids=[int(i) for i in a_ids], task_text=env.task_text + "\n"))["rows"]
-    out = ["| episodes | turns (max) | P | ours ep/s | Tunix ep/s | ours / Tunix | ours turns/s | Tunix turns/s | "
-           "mean turns ours / Tunix | success ours / Tunix |", "|" + "---|" * 10]
-    for o, t in zip(ours, theirs):
-        out.append(f"| {o['episodes']} | {a.turns} | {P} | {o['episodes_s']:,.1f} | {t['episodes_s']:,.2f} | "
-                   f"x{o['episodes_s'] / t['episodes_s']:.1f} | {o['turns_s']:,.0f} | {t['turns_s']:,.1f} | "
-                   f"{o['mean_turns']:.1f} / {t['mean_turns']:.1f} | {o['success']:.2f} / {t['success']:.2f} |")
-    tab = "\n".join(out)
+    flops = {side: tc.turn_flops(shape, P, side) for side in ("ours", "tunix")}
+    peak = matmul_gflops()
+    rate = (f"float32 matmul rate (jitted 2048^3, median of 5): {peak:.1f} GFLOP/s; matmul FLOP per turn at P={P}: "
+            f"ours {flops['ours'] / 1e6:.2f} M (every one of episodes x {a.turns} turns, finished ones masked), "
+            f"Tunix {flops['tunix'] / 1e6:.2f} M (per played turn)")
+    print(rate, flush=True)
+    worker_setup = dict(kind="agentic", shape=shape, seed=a.seed, max_steps=a.turns, prompt_len=P,
+                        holes=holes.reshape(len(holes), -1).astype(int).tolist(), messages=msgs,
+                        action_names=list(env.action_names), extras=list(tok.extra_tokens),
+                        action_ids=[int(i) for i in a_ids], task_text=env.task_text + "\n")
+    rows = []
+    with tc.WorkerSession(a.venv, worker_setup) as tunix:
+        for n in counts:
+            calls = {"ours": partial(ours_call, fns[n], pa, n, a.turns), "tunix": partial(tunix_call, tunix, n)}
+            rows.append(bench_row(calls, n, a.reps))
+            print(f"{n} ep: load {rows[-1]['load'][0]} -> {rows[-1]['load'][1]}", flush=True)
+    tab = table(rows, flops, peak, a.turns, P)
     print(tab)
-    comp = ", ".join(f"{o['episodes']} ep: {o['first_s']:.1f}" for o in ours)
-    print(f"our first call incl. compile (s): {comp}")
+    why = "\n".join(explain(row, flops) for row in rows)
+    print(why)
+    comp = ", ".join(f"{o['episodes']} ep: {o['first']['ours']:.1f} / {o['first']['tunix']:.1f}" for o in rows)
+    print(f"first call incl. compile, ours / Tunix (s): {comp}")
     if a.results:
         cmd = "python experiments/bench/tunix_agentic.py " + " ".join(argv if argv is not None else sys.argv[1:])
         with open(a.results, "a") as f:
             f.write(f"\n### Agentic FrozenLake rollouts vs Tunix 0.1.7 ({a.date}, "
                     f"{a.hardware or platform.processor()}, jax {jax.__version__})\n\n`{cmd}`\n\nModel: "
                     f"Llama-3 shape {shape}, {info['num_params'] / 1e6:.2f}M params, float32, weights shared "
-                    f"(max |logit diff| {info['logit_max_abs_diff']:.1e}).\n\n{tab}\n\nOur first call incl. "
-                    f"compile (s): {comp}\n")
+                    f"(max |logit diff| {info['logit_max_abs_diff']:.1e}); {a.reps} interleaved repeats per row.\n\n"
+                    f"{tab}\n\n{rate}.\n\n{why}\n\nFirst call incl. compile, ours / Tunix (s): {comp}\n")
 
 
 if __name__ == "__main__":

@@ -1,21 +1,26 @@
 """Shared pieces of the Tunix comparison benchmarks (`tunix_sampler.py`, `tunix_agentic.py`).
 
 Tunix (`google-tunix` 0.1.7) lives in its own virtual environment (`tunix_setup.sh`; its pins would
-downgrade this project's packages), so its side runs as a subprocess (`_tunix_worker.py`, one JSON
-line on stdout) and ours in this interpreter. Both sides use the SAME weights: the worker builds the
-Tunix Llama3 model with `create_dummy_model(..., scale=0.1)`, writes its parameters to an `.npz`
-(`'/'`-joined Tunix paths), and `tunix_to_crl` turns them into this project's stacked layout.
+downgrade this project's packages), so its side runs as a subprocess (`_tunix_worker.py`: one-shot
+modes print one JSON line; `WorkerSession` keeps one worker alive and asks it for one timed call at a
+time, so the benchmarks interleave ours and Tunix call by call) and ours in this interpreter. Both
+sides use the SAME weights: the worker builds the Tunix Llama3 model with `create_dummy_model(...,
+scale=0.1)`, writes its parameters to an `.npz` (`'/'`-joined Tunix paths), and `tunix_to_crl` turns
+them into this project's stacked layout.
 
-Pure helpers here (`bench_shape`, `tunix_to_crl`, `crl_config`) import neither tunix nor the venv and
-are unit-tested in `tests/unit/test_bench_tunix.py`.
+Pure helpers here (`bench_shape`, `tunix_to_crl`, `crl_config`, `spread`, `turn_flops`) import neither
+tunix nor the venv and are unit-tested in `tests/unit/test_bench_tunix.py`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 
 import numpy as np
 
@@ -90,18 +95,145 @@ def venv_python(venv: str) -> str:
     return py
 
 
-def run_worker(venv: str, mode: str, args: dict, timeout: float = 3600) -> dict:
-    """Run `_tunix_worker.py MODE JSON` in the Tunix venv; return its last stdout line as JSON."""
+def _worker_env() -> dict:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # keep this project's site-packages out of the venv
     env.setdefault("JAX_PLATFORMS", os.environ.get("JAX_PLATFORMS", ""))
+    return env
+
+
+def run_worker(venv: str, mode: str, args: dict, timeout: float = 3600) -> dict:
+    """Run `_tunix_worker.py MODE JSON` in the Tunix venv; return its last stdout line as JSON."""
     p = subprocess.run([venv_python(venv), WORKER, mode, json.dumps(args)], capture_output=True, text=True,
-                       timeout=timeout, env=env, cwd=HERE)
+                       timeout=timeout, env=_worker_env(), cwd=HERE)
     if p.returncode != 0:
         sys.stderr.write(p.stderr[-4000:])
         raise RuntimeError(f"tunix worker {mode} failed (rc {p.returncode})")
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     return json.loads(lines[-1])
+
+
+class WorkerSession:
+    """`_tunix_worker.py serve SETUP` kept alive: `request(**req)` -> the worker's answer to one timed call.
+
+    One worker per benchmark, so Tunix builds and compiles once and the caller can time one call of ours,
+    then one of Tunix, in the same minute (the machine is shared). stderr goes to a temporary file, not a
+    pipe: JAX / absl warnings could fill an unread pipe and block the worker. A request that takes longer
+    than `timeout` seconds kills the worker (and raises), so a hung Tunix call cannot hang the benchmark.
+
+        with WorkerSession(venv, dict(kind="sampler", ...)) as tunix:
+            tunix.request(batch=8, seed=1)["seconds"]
+    """
+
+    def __init__(self, venv: str, setup: dict, timeout: float = 3600):
+        self.venv, self.setup, self.timeout = venv, setup, timeout
+        self.proc = self.ready = None
+
+    def __enter__(self):
+        self._err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([venv_python(self.venv), WORKER, "serve", json.dumps(self.setup)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True,
+                                     env=_worker_env(), cwd=HERE)
+        self.ready = self._read()
+        return self
+
+    def request(self, **req) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            self._died()
+        return self._read()
+
+    def _read(self) -> dict:
+        """The next stdout line that starts with "{" (other output is Tunix's, skipped)."""
+        timer = threading.Timer(self.timeout, self.proc.kill)
+        timer.start()
+        try:
+            while True:
+                line = self.proc.stdout.readline()
+                if not line:
+                    self._died()
+                if line.startswith("{"):
+                    return json.loads(line)
+        finally:
+            timer.cancel()
+
+    def _died(self):
+        rc = self.proc.wait()
+        self._err.seek(0)
+        tail = self._err.read()[-4000:]
+        sys.stderr.write(tail)
+        raise RuntimeError(f"tunix worker session ({self.setup.get('kind')}) died (rc {rc}); stderr tail above")
+
+    def close(self):
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self._err.close()
+        self.proc = None
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Read-outs
+
+
+def spread(xs) -> tuple[float, float, float]:
+    """(min, median, max) of repeated measurements: the shared machine's noise stays visible."""
+    xs = [float(x) for x in xs]
+    return min(xs), statistics.median(xs), max(xs)
+
+
+def fmt_spread(xs, fmt: str = ".2f") -> str:
+    """'min / median / max' of xs, each with `fmt`."""
+    return " / ".join(format(v, fmt) for v in spread(xs))
+
+
+def loadavg() -> str:
+    """The 1-minute load average now (the machine is shared; printed at the start and end of each row)."""
+    return f"{os.getloadavg()[0]:.2f}"
+
+
+def turn_flops(shape: dict, prompt_len: int, side: str) -> float:
+    """Matmul FLOPs (2 per multiply-add) of one played agentic turn: one action token after a prompt of
+    P = prompt_len slots (both sides run the padded P; softmax, norms and RoPE are not counted).
+
+    - "ours" (`Transformer.last_hidden`): layers 0..L-2 over all P rows (scores P x P); the last layer
+      projects q/k/v for all P rows but runs attention, o_proj and the MLP for the last row only; the
+      unembedding of that one row.
+    - "tunix" (vanilla `Sampler`, max_generation_steps=1, cache of P + 1 slots): a prefill of all L layers
+      over P rows attending over the P + 1 cache slots, the unembedding of all P rows (Llama3 has no
+      decode_only_last_token), then ONE decode step (its while loop runs while step < P + 1: a 1-row
+      forward of all layers plus unembedding whose token is dropped).
+    """
+    H, I, L, V = shape["embed_dim"], shape["hidden_dim"], shape["num_layers"], shape["vocab_size"]
+    Nq, Nkv, D = shape["num_heads"], shape["num_kv_heads"], shape["head_dim"]
+    P = int(prompt_len)
+    qkv, o, mlp = H * (Nq + 2 * Nkv) * D, Nq * D * H, 3 * H * I  # weights of the linear layers of one block
+
+    def att(q, k):  # scores q.k and the weighted sum of values, per query / key pair and head
+        return 4 * Nq * D * q * k
+
+    if side == "ours":
+        return ((L - 1) * (2 * P * (qkv + o + mlp) + att(P, P)) + 2 * P * qkv + 2 * (o + mlp) + att(1, P)
+                + 2 * H * V)
+    if side == "tunix":
+        S = P + 1
+        prefill = L * (2 * P * (qkv + o + mlp) + att(P, S)) + 2 * P * H * V
+        decode = L * (2 * (qkv + o + mlp) + att(1, S)) + 2 * H * V
+        return prefill + decode
+    raise ValueError(f"turn_flops: side must be 'ours' or 'tunix', got {side!r}")
 
 
 def load_shared_weights(venv: str, shape: dict, seed: int, path: str, param_dtype: str = "float32"):

@@ -9,9 +9,14 @@
 Same model (a small Llama-3 shape, `tunix_common.bench_shape`), same weights (Tunix's
 `create_dummy_model(scale=0.1)` exported to our layout; the logits of both models on a fixed batch are
 compared and printed), same integer prompts of P tokens, N generated tokens at temperature 1 with no
-early stop on either side, same hardware, run one after the other (never at the same time).
-tokens/s = B * N / median wall time of one whole call (prefill + decode + copying tokens to the host;
-Tunix's call also detokenizes, which is what its API does).
+early stop on either side, same hardware, never at the same time but INTERLEAVED: per batch size both
+sides are warmed (first call incl. compile, reported), then each repeat times one call of ours, one of
+ours with the layer scan (`unroll_layers=0`, the decode loop before the straight-line layers; off with
+--no-scan-variant) and one of Tunix (a persistent worker, `tunix_common.WorkerSession`). The machine is
+shared, so a ratio is taken per repeat (the calls of one repeat see about the same load) and reported as
+min / median / max over repeats, with the 1-minute load average at the start and end of each row.
+tokens/s = B * N / wall time of one whole call (prefill + decode + copying tokens to the host; Tunix's
+call also detokenizes, which is what its API does); the table shows each side's median.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -35,35 +41,64 @@ import tunix_common as tc  # noqa: E402
 from crl_jax import sampling as S  # noqa: E402
 
 
-def bench_ours(gd, pa, shape, batches, P, N, reps):
-    rows = []
-    for B in batches:
-        prompt = jnp.asarray(np.random.default_rng(B).integers(2, shape["vocab_size"], (B, P)), jnp.int32)
-        plen = jnp.full((B,), P, jnp.int32)
-
-        def call(seed):
-            toks, _, _ = S.generate((gd, pa), prompt, plen, jax.random.key(seed), max_new_tokens=N, temperature=1.0)
-            return np.asarray(toks)
-
-        t0 = time.perf_counter()
-        call(0)
-        first = time.perf_counter() - t0
-        times = []
-        for r in range(reps):
-            t0 = time.perf_counter()
-            call(r + 1)
-            times.append(time.perf_counter() - t0)
-        t = statistics.median(times)
-        rows.append(dict(batch=B, seconds=t, tok_s=B * N / t, first_s=first))
-    return rows
+def ours_call(gd, pa, shape, B, P, N, unroll_layers, seed) -> float:
+    """Seconds of one whole `generate` call of ours at batch B (prompts seeded by B, as the worker's).
+    unroll_layers None: the library default (straight-line layers for this 4-layer model)."""
+    prompt = jnp.asarray(np.random.default_rng(B).integers(2, shape["vocab_size"], (B, P)), jnp.int32)
+    plen = jnp.full((B,), P, jnp.int32)
+    t0 = time.perf_counter()
+    kw = {} if unroll_layers is None else dict(unroll_layers=unroll_layers)
+    toks, _, _ = S.generate((gd, pa), prompt, plen, jax.random.key(seed), max_new_tokens=N, temperature=1.0, **kw)
+    np.asarray(toks)
+    return time.perf_counter() - t0
 
 
-def table(ours, theirs, P, N) -> str:
-    out = ["| batch | P | N | ours tok/s | Tunix tok/s | ours / Tunix | ours ms/call | Tunix ms/call |",
-           "|---|---|---|---|---|---|---|---|"]
-    for o, t in zip(ours, theirs):
-        out.append(f"| {o['batch']} | {P} | {N} | {o['tok_s']:,.0f} | {t['tok_s']:,.0f} | "
-                   f"x{o['tok_s'] / t['tok_s']:.2f} | {1e3 * o['seconds']:.1f} | {1e3 * t['seconds']:.1f} |")
+def tunix_call(tunix, B, N, seed) -> float:
+    """Seconds of one Tunix `Sampler.__call__` at batch B, through the session."""
+    out = tunix.request(batch=B, seed=seed)
+    assert out["tokens_per_row"] == N, f"Tunix generated {out['tokens_per_row']} tokens, not {N}"
+    return out["seconds"]
+
+
+def bench_row(calls: dict, B: int, reps: int) -> dict:
+    """Warm every side (compile; first-call seconds kept), then `reps` rounds of one call per side in turn.
+
+    calls: {name: fn(seed) -> seconds}. Returns {batch, first: {name: s}, times: {name: [s per repeat]},
+    load: (1-min load average at the start, at the end)}.
+    """
+    load0 = tc.loadavg()
+    first = {name: fn(0) for name, fn in calls.items()}
+    times = {name: [] for name in calls}
+    for r in range(reps):
+        for name, fn in calls.items():
+            times[name].append(fn(r + 1))
+    return dict(batch=B, first=first, times=times, load=(load0, tc.loadavg()))
+
+
+def tok_s(row, name, N):
+    return statistics.median(row["batch"] * N / t for t in row["times"][name])
+
+
+def ratios(row, num, den):
+    """Per-repeat throughput ratio num / den (= den's seconds / num's seconds of the same repeat)."""
+    return [d / n for n, d in zip(row["times"][num], row["times"][den])]
+
+
+def table(rows, P, N) -> str:
+    scan = "scan" in rows[0]["times"]
+    out = ["| batch | P | N | ours tok/s | " + ("ours (layer scan) tok/s | " if scan else "") + "Tunix tok/s | "
+           "ours / Tunix (min / med / max) | " + ("ours / layer scan (min / med / max) | " if scan else "")
+           + "ours / Tunix ms/call | load 1 min start / end |"]
+    out.append("|" + "---|" * (out[0].count("|") - 1))
+    for o in rows:
+        t = o["times"]
+        cells = [str(o["batch"]), str(P), str(N), f"{tok_s(o, 'ours', N):,.0f}"]
+        cells += [f"{tok_s(o, 'scan', N):,.0f}"] if scan else []
+        cells += [f"{tok_s(o, 'tunix', N):,.0f}", "x" + tc.fmt_spread(ratios(o, "ours", "tunix"))]
+        cells += ["x" + tc.fmt_spread(ratios(o, "ours", "scan"))] if scan else []
+        cells += [f"{1e3 * statistics.median(t['ours']):.1f} / {1e3 * statistics.median(t['tunix']):.1f}",
+                  f"{o['load'][0]} / {o['load'][1]}"]
+        out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -76,13 +111,15 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="batches 1,8; P=16, N=8; 2 reps")
+    ap.add_argument("--no-scan-variant", action="store_true",
+                    help="do not time our sampler with the layer scan (unroll_layers=0)")
+    ap.add_argument("--quick", action="store_true", help="batches 1,8; P=16, N=8; 3 reps")
     ap.add_argument("--results", default="", help="append the table to this markdown file")
     ap.add_argument("--date", default="")
     ap.add_argument("--hardware", default="")
     a = ap.parse_args(argv)
     if a.quick:
-        a.batches, a.prompt_len, a.new_tokens, a.reps = "1,8", 16, 8, 2
+        a.batches, a.prompt_len, a.new_tokens, a.reps = "1,8", 16, 8, 3
     batches = [int(b) for b in a.batches.split(",")]
     shape = tc.bench_shape(a.vocab)
     with tempfile.TemporaryDirectory() as d:
@@ -90,23 +127,32 @@ def main(argv=None):
     print(f"model {shape}, {info['num_params'] / 1e6:.2f}M params; Tunix jax {info['jax']} {info['devices']}; "
           f"ours jax {jax.__version__} {jax.devices()}; same weights: max |logit diff| = "
           f"{info['logit_max_abs_diff']:.2e}", flush=True)
-    ours = bench_ours(gd, pa, shape, batches, a.prompt_len, a.new_tokens, a.reps)
-    theirs = tc.run_worker(a.venv, "sampler", dict(shape=shape, seed=a.seed, batches=batches, prompt_len=a.prompt_len,
-                                                   new_tokens=a.new_tokens, reps=a.reps))["rows"]
-    for t in theirs:
-        assert t["tokens_per_row"] == a.new_tokens, f"Tunix generated {t['tokens_per_row']} tokens, not {a.new_tokens}"
-    tab = table(ours, theirs, a.prompt_len, a.new_tokens)
+    P, N = a.prompt_len, a.new_tokens
+    setup = dict(kind="sampler", shape=shape, seed=a.seed, prompt_len=P, new_tokens=N)
+    rows = []
+    with tc.WorkerSession(a.venv, setup) as tunix:
+        for B in batches:
+            calls = {"ours": partial(ours_call, gd, pa, shape, B, P, N, None)}
+            if not a.no_scan_variant:
+                calls["scan"] = partial(ours_call, gd, pa, shape, B, P, N, 0)
+            calls["tunix"] = partial(tunix_call, tunix, B, N)
+            row = bench_row(calls, B, a.reps)
+            rows.append(row)
+            print(f"B={B}: load {row['load'][0]} -> {row['load'][1]}; ours / Tunix x"
+                  f"{tc.fmt_spread(ratios(row, 'ours', 'tunix'))} (min / med / max)", flush=True)
+    tab = table(rows, P, N)
     print(tab)
-    comp = ", ".join(f"B={o['batch']}: {o['first_s']:.1f} / {t['first_s']:.1f}" for o, t in zip(ours, theirs))
-    print(f"first call incl. compile, ours / Tunix (s): {comp}")
+    comp = ", ".join(f"B={o['batch']}: " + " / ".join(f"{o['first'][k]:.1f}" for k in o["first"]) for o in rows)
+    sides = " / ".join({"ours": "ours", "scan": "layer scan", "tunix": "Tunix"}[k] for k in rows[0]["first"])
+    print(f"first call incl. compile, {sides} (s): {comp}")
     if a.results:
         cmd = "python experiments/bench/tunix_sampler.py " + " ".join(argv if argv is not None else sys.argv[1:])
         with open(a.results, "a") as f:
             f.write(f"\n### Sampler vs Tunix 0.1.7 ({a.date}, {a.hardware or platform.processor()}, "
                     f"jax {jax.__version__})\n\n`{cmd}`\n\nModel: Llama-3 shape {shape}, "
                     f"{info['num_params'] / 1e6:.2f}M params, float32, weights shared (max |logit diff| "
-                    f"{info['logit_max_abs_diff']:.1e}).\n\n{tab}\n\nFirst call incl. compile, ours / Tunix (s): "
-                    f"{comp}\n")
+                    f"{info['logit_max_abs_diff']:.1e}); {a.reps} interleaved repeats per row.\n\n{tab}\n\n"
+                    f"First call incl. compile, {sides} (s): {comp}\n")
 
 
 if __name__ == "__main__":

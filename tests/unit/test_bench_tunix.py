@@ -1,4 +1,5 @@
-"""Pure helpers of the Tunix comparison benchmarks (no tunix, no venv): the weight-layout conversion.
+"""Pure helpers of the Tunix comparison benchmarks (no tunix, no venv): the weight-layout conversion, the
+min / median / max read-out and the per-turn FLOP count.
 
 A tiny random Tunix-layout tree is converted with `tunix_to_crl`; the checks are on exact element
 positions (hand-derived from the two layouts) and on our model's forward against a plain numpy
@@ -11,6 +12,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from crl_jax.models import transformer as tr
@@ -107,3 +109,22 @@ def test_converted_weights_reproduce_tunix_forward():
     np.testing.assert_allclose(ours, ref, atol=2e-4, rtol=2e-4)
     jitted = np.asarray(jax.jit(lambda p, t: tr.apply(gd, p, t))(params, jnp.asarray(tokens)))
     np.testing.assert_allclose(jitted, ref, atol=2e-4, rtol=2e-4)
+
+
+def test_spread_is_min_median_max():
+    assert tc.spread([3, 1, 2]) == (1.0, 2.0, 3.0)
+    assert tc.spread([4.0, 1.0]) == (1.0, 2.5, 4.0)  # even count: the mean of the middle two
+    assert tc.fmt_spread([2, 1, 4], ".1f") == "1.0 / 2.0 / 4.0"
+
+
+def test_turn_flops_hand_counted():
+    # SHAPE: H=8, I=12, L=2, Nq=4, Nkv=2, D=4, V=11; P=5. Per block: q/k/v 8*(4+2+2)*4 = 256 weights,
+    # o 4*4*8 = 128, MLP 3*8*12 = 288 (672 in all); attention 4*Nq*D = 64 FLOP per (query, key) pair.
+    # ours: layer 0 over 5 rows (2*5*672 + 64*5*5 = 8320), layer 1 q/k/v over 5 rows (2*5*256 = 2560),
+    # its o + MLP for 1 row (2*416 = 832) and 1 x 5 attention (320), unembedding of 1 row (2*8*11 = 176).
+    assert tc.turn_flops(SHAPE, 5, "ours") == 8320 + 2560 + 832 + 320 + 176
+    # Tunix: prefill of 2 layers over 5 rows against 6 cache slots (2 * (6720 + 64*5*6)), unembedding of
+    # 5 rows (2*5*8*11 = 880), one decode step (2 * (2*672 + 64*6)) and its unembedding (176).
+    assert tc.turn_flops(SHAPE, 5, "tunix") == 2 * (6720 + 1920) + 880 + 2 * (1344 + 384) + 176
+    with pytest.raises(ValueError):
+        tc.turn_flops(SHAPE, 5, "other")
