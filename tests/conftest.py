@@ -4,6 +4,11 @@ and a persistent XLA compilation cache private to this test session (a fresh fol
 the compiled programs are dropped after every module to bound memory, and modules (and the multi-host
 worker processes, which inherit the folder) that compile the same program again load it from disk.
 
+CI runs the suite in 2 processes (`-n 2 --dist loadfile`, pytest-xdist): XLA compiles one program on one core,
+so two test files at a time use both cores (~1.6x on the unit tests); `loadfile` keeps each file in one
+worker, so module fixtures are built once. The workers inherit the controller's cache folders (made here
+only where unset), so every process of a session shares one compilation cache and one prior cache.
+
 Layout: tests/unit (pure functions and small pieces), tests/integration (several pieces together: the loop,
 run folders and the CLI, the LLM loop), tests/slow (modules marked `slow` or loading real models / reference
 implementations). The shared helpers (`_checkpoints`, `_llm_common`, `_sharding_common`, the multi-host worker)
@@ -18,12 +23,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the shared hel
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Made only where unset: pytest-xdist workers (and the multi-host worker processes) inherit the controller's
+# folders, so every process of one test session shares one compilation cache and one prior cache.
 _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="crl_jax_test_xla_cache_"))
+if _OWN_CACHE:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="crl_jax_test_xla_cache_")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")  # small programs: not worth the I/O
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 _OWN_PRIORS = "CRL_JAX_CACHE" not in os.environ
-os.environ.setdefault("CRL_JAX_CACHE", tempfile.mkdtemp(prefix="crl_jax_test_priors_"))  # priors (§6) of this session
+if _OWN_PRIORS:  # priors (§6) of this session
+    os.environ["CRL_JAX_CACHE"] = tempfile.mkdtemp(prefix="crl_jax_test_priors_")
 
 import jax  # noqa: E402
 

@@ -266,11 +266,13 @@ _MEMO: dict[str, dict] = {}
 
 def _save(path: str, params: dict, meta: dict):
     leaves = jax.tree_util.tree_leaves(params)
-    tmp = path + ".tmp.npz"
+    tmp = f"{path[:-4]}.{os.getpid()}.tmp.npz"  # per process: two writers of one prior (test workers) never share it
     np.savez(tmp, **{f"leaf{i}": np.asarray(x) for i, x in enumerate(leaves)})
     os.replace(tmp, path)
-    with open(path[:-4] + ".json", "w") as f:
+    tmp_meta = f"{path[:-4]}.{os.getpid()}.tmp.json"
+    with open(tmp_meta, "w") as f:
         json.dump(meta, f, indent=2)
+    os.replace(tmp_meta, path[:-4] + ".json")
 
 
 def load_params(path: str, template: dict):
