@@ -17,9 +17,7 @@ Call forms (tokens are `[B, T]` int32):
 - `model(tokens, positions=..., cache=cache, cache_index=i, attention_mask=...)` -> (logits, cache):
   writes keys/values into slots `i .. i+T-1` of a cache made by `init_cache` and attends over every
   valid slot `<=` the query's own slot. `cache_index` is one scalar for the whole batch (batched
-  prompts are left-padded by the sampler, so all rows advance together). With `layers=model.layer_list()` the
-  blocks run as straight-line code over those pre-sliced weights instead of the layer scan (the sampler's
-  decode loop does this for shallow models: no per-step slice of the stacked weights).
+  prompts are left-padded by the sampler, so all rows advance together).
 
 The cached path (issue #16) carries the whole `[L, B, S, Hkv, D]` cache through the layer scan and
 writes only the new slots (`dynamic_update_slice` on the carried buffer, in place under jit: no copy of
@@ -169,15 +167,8 @@ class Transformer(nnx.Module):
 
     # -- forward -------------------------------------------------------------------------------
 
-    def layer_list(self) -> list[dict]:
-        """The stacked layer weights sliced into one dict per layer. A decode loop slices once, before the loop,
-        and passes the list as `layers=`: inside the loop a layer `scan` would slice (copy) every layer's weights
-        again at every step, which at batch 1 costs more than the step's matmuls (experiments/bench)."""
-        lps = self.layer_params()
-        return [{k: v[i] for k, v in lps.items()} for i in range(self.cfg.num_layers)]
-
     def __call__(self, tokens, *, positions=None, attention_mask=None, cache=None, cache_index=None,
-                 return_hidden: bool = False, attn_block: int = 128, layers=None):
+                 return_hidden: bool = False, attn_block: int = 128):
         cfg = self.cfg
         B, T = tokens.shape
         if positions is None:
@@ -206,20 +197,14 @@ class Transformer(nnx.Module):
                 raise ValueError("cache_index is required when a cache is given")
             valid = jax.lax.dynamic_update_slice(cache["valid"], attention_mask, (0, cache_index))
 
-            if layers is not None:  # straight-line layers over pre-sliced weights (`layer_list`)
-                ks, vs = cache["k"], cache["v"]
-                for i, lp in enumerate(layers):
-                    h, ks, vs = self._cached_layer(h, lp, i, positions, inv_freq, attn_factor, valid, ks, vs,
-                                                   cache_index, attn_block)
-            else:
-                def cblock(carry, xs):  # the cache rides in the carry: updated in place, never restacked
-                    h, kc, vc = carry
-                    lp, layer = xs
-                    return self._cached_layer(h, lp, layer, positions, inv_freq, attn_factor, valid, kc, vc,
-                                              cache_index, attn_block), None
+            def cblock(carry, xs):  # the cache rides in the carry: updated in place, never restacked
+                h, kc, vc = carry
+                lp, layer = xs
+                return self._cached_layer(h, lp, layer, positions, inv_freq, attn_factor, valid, kc, vc,
+                                          cache_index, attn_block), None
 
-                idx = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-                (h, ks, vs), _ = jax.lax.scan(cblock, (h, cache["k"], cache["v"]), (lps, idx))
+            layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+            (h, ks, vs), _ = jax.lax.scan(cblock, (h, cache["k"], cache["v"]), (lps, layers))
             new_cache = {"k": ks, "v": vs, "valid": valid}
         h = rms_norm(h, self.final_norm[...], cfg.rms_norm_eps)
         out = h if return_hidden else self.unembed(h)
