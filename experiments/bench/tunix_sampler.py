@@ -10,9 +10,8 @@ Same model (a small Llama-3 shape, `tunix_common.bench_shape`), same weights (Tu
 `create_dummy_model(scale=0.1)` exported to our layout; the logits of both models on a fixed batch are
 compared and printed), same integer prompts of P tokens, N generated tokens at temperature 1 with no
 early stop on either side, same hardware, never at the same time but INTERLEAVED: per batch size both
-sides are warmed (first call incl. compile, reported), then each repeat times one call of ours, one of
-ours with the layer scan (`unroll_layers=0`, the decode loop before the straight-line layers; off with
---no-scan-variant) and one of Tunix (a persistent worker, `tunix_common.WorkerSession`). The machine is
+sides are warmed (first call incl. compile, reported), then each repeat times one call of ours and one
+of Tunix (a persistent worker, `tunix_common.WorkerSession`). The machine is
 shared, so a ratio is taken per repeat (the calls of one repeat see about the same load) and reported as
 min / median / max over repeats, with the 1-minute load average at the start and end of each row.
 tokens/s = B * N / wall time of one whole call (prefill + decode + copying tokens to the host; Tunix's
@@ -41,14 +40,12 @@ import tunix_common as tc  # noqa: E402
 from crl_jax import sampling as S  # noqa: E402
 
 
-def ours_call(gd, pa, shape, B, P, N, unroll_layers, seed) -> float:
-    """Seconds of one whole `generate` call of ours at batch B (prompts seeded by B, as the worker's).
-    unroll_layers None: the library default (straight-line layers for this 4-layer model)."""
+def ours_call(gd, pa, shape, B, P, N, seed) -> float:
+    """Seconds of one whole `generate` call of ours at batch B (prompts seeded by B, as the worker's)."""
     prompt = jnp.asarray(np.random.default_rng(B).integers(2, shape["vocab_size"], (B, P)), jnp.int32)
     plen = jnp.full((B,), P, jnp.int32)
     t0 = time.perf_counter()
-    kw = {} if unroll_layers is None else dict(unroll_layers=unroll_layers)
-    toks, _, _ = S.generate((gd, pa), prompt, plen, jax.random.key(seed), max_new_tokens=N, temperature=1.0, **kw)
+    toks, _, _ = S.generate((gd, pa), prompt, plen, jax.random.key(seed), max_new_tokens=N, temperature=1.0)
     np.asarray(toks)
     return time.perf_counter() - t0
 
@@ -85,17 +82,13 @@ def ratios(row, num, den):
 
 
 def table(rows, P, N) -> str:
-    scan = "scan" in rows[0]["times"]
-    out = ["| batch | P | N | ours tok/s | " + ("ours (layer scan) tok/s | " if scan else "") + "Tunix tok/s | "
-           "ours / Tunix (min / med / max) | " + ("ours / layer scan (min / med / max) | " if scan else "")
-           + "ours / Tunix ms/call | load 1 min start / end |"]
+    out = ["| batch | P | N | ours tok/s | Tunix tok/s | ours / Tunix (min / med / max) | ours / Tunix ms/call | "
+           "load 1 min start / end |"]
     out.append("|" + "---|" * (out[0].count("|") - 1))
     for o in rows:
         t = o["times"]
         cells = [str(o["batch"]), str(P), str(N), f"{tok_s(o, 'ours', N):,.0f}"]
-        cells += [f"{tok_s(o, 'scan', N):,.0f}"] if scan else []
         cells += [f"{tok_s(o, 'tunix', N):,.0f}", "x" + tc.fmt_spread(ratios(o, "ours", "tunix"))]
-        cells += ["x" + tc.fmt_spread(ratios(o, "ours", "scan"))] if scan else []
         cells += [f"{1e3 * statistics.median(t['ours']):.1f} / {1e3 * statistics.median(t['tunix']):.1f}",
                   f"{o['load'][0]} / {o['load'][1]}"]
         out.append("| " + " | ".join(cells) + " |")
@@ -111,8 +104,6 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-scan-variant", action="store_true",
-                    help="do not time our sampler with the layer scan (unroll_layers=0)")
     ap.add_argument("--quick", action="store_true", help="batches 1,8; P=16, N=8; 3 reps")
     ap.add_argument("--results", default="", help="append the table to this markdown file")
     ap.add_argument("--date", default="")
@@ -132,10 +123,7 @@ def main(argv=None):
     rows = []
     with tc.WorkerSession(a.venv, setup) as tunix:
         for B in batches:
-            calls = {"ours": partial(ours_call, gd, pa, shape, B, P, N, None)}
-            if not a.no_scan_variant:
-                calls["scan"] = partial(ours_call, gd, pa, shape, B, P, N, 0)
-            calls["tunix"] = partial(tunix_call, tunix, B, N)
+            calls = {"ours": partial(ours_call, gd, pa, shape, B, P, N), "tunix": partial(tunix_call, tunix, B, N)}
             row = bench_row(calls, B, a.reps)
             rows.append(row)
             print(f"B={B}: load {row['load'][0]} -> {row['load'][1]}; ours / Tunix x"
@@ -143,8 +131,7 @@ def main(argv=None):
     tab = table(rows, P, N)
     print(tab)
     comp = ", ".join(f"B={o['batch']}: " + " / ".join(f"{o['first'][k]:.1f}" for k in o["first"]) for o in rows)
-    sides = " / ".join({"ours": "ours", "scan": "layer scan", "tunix": "Tunix"}[k] for k in rows[0]["first"])
-    print(f"first call incl. compile, {sides} (s): {comp}")
+    print(f"first call incl. compile, ours / Tunix (s): {comp}")
     if a.results:
         cmd = "python experiments/bench/tunix_sampler.py " + " ".join(argv if argv is not None else sys.argv[1:])
         with open(a.results, "a") as f:
@@ -152,7 +139,7 @@ def main(argv=None):
                     f"jax {jax.__version__})\n\n`{cmd}`\n\nModel: Llama-3 shape {shape}, "
                     f"{info['num_params'] / 1e6:.2f}M params, float32, weights shared (max |logit diff| "
                     f"{info['logit_max_abs_diff']:.1e}); {a.reps} interleaved repeats per row.\n\n{tab}\n\n"
-                    f"First call incl. compile, {sides} (s): {comp}\n")
+                    f"First call incl. compile, ours / Tunix (s): {comp}\n")
 
 
 if __name__ == "__main__":
