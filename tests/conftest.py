@@ -63,27 +63,3 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
     if _OWN_PRIORS:
         shutil.rmtree(os.environ["CRL_JAX_CACHE"], ignore_errors=True)
-
-
-# The slowest files, slowest first (seconds on an idle 2-core CPU, 2026-12-03, serial run). They are collected
-# first so that the two xdist workers start them early and finish together (longest job first); the order of
-# the tests inside a file, and of every other file, is unchanged.
-_SLOW_FILES_FIRST = ("test_faults.py",  # 303
-                     "test_llm_smoke.py",  # 184
-                     "test_loop.py",  # 177
-                     "test_effect_mechanisms.py",  # 158
-                     "test_sharding.py",  # 142
-                     "test_multihost.py",  # 120
-                     "test_llm_lora.py",  # 104
-                     "test_sweep.py")  # 103
-
-
-def pytest_configure(config):
-    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the order above; its default hands out
-        config.option.loadscopereorder = False  # files with the most tests first, which left the 1- and 2-test
-        #                                         slow files (multi-host, SmolLM2) to the end, one worker idle
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(_SLOW_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: ties keep collection order
