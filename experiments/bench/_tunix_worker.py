@@ -1,24 +1,24 @@
 """Tunix side of the comparison benchmarks; runs INSIDE the Tunix venv (see tunix_setup.sh).
 
-    python _tunix_worker.py MODE 'JSON ARGS'      # prints one JSON line (the last line of stdout)
+    python _tunix_worker.py export 'JSON ARGS'    # prints one JSON line (the last line of stdout)
     python _tunix_worker.py serve 'JSON SETUP'    # a session: one JSON request per stdin line
 
 Modes:
 - export: build the Llama3 model with `create_dummy_model(Llama3, cfg, scale=0.1, random_seed=seed)`,
   save its parameters ('/'-joined paths) plus reference logits on a fixed batch to args["out"] (.npz).
-- sampler: Tunix's vanilla `Sampler` (KV cache, jit prefill + while-loop decode) at several batch
-  sizes, temperature 1, no early stop (an end token that can never be sampled), prompts of P tokens
-  (the same integer tokens the main process uses), N generated tokens. Times the whole `__call__`.
-- agentic: Tunix's agentic rollout engine (`TrajectoryCollectEngine.collect_multiple`, the loop its
-  agentic GRPO learner drives) on a FrozenLake `BaseTaskEnv` with our env's semantics and maps (Tunix
-  0.1.7 ships no FrozenLake environment, so this file defines one), an agent that reads the sampled
-  action token, and a model_call that runs the vanilla Sampler on the turn's prompt with all but the 4
-  action tokens forbidden (constrained one-token actions, as in our rollout).
 - serve: a persistent session (`tunix_common.WorkerSession`) so that the main process can interleave one
   timed call of ours with one timed call of Tunix (the machine is shared: timing the two sides minutes
-  apart measures the load as much as the code). SETUP is the sampler or agentic args plus "kind"
-  ("sampler" | "agentic"); the sampler / engine is built once, a {"ready": true, ...} line is printed,
-  then each stdin line {"batch": B, "seed": s} (sampler) or {"episodes": n, "seed": s} (agentic) is
+  apart measures the load as much as the code). SETUP is the sampler or agentic args plus "kind":
+  - "sampler": Tunix's vanilla `Sampler` (KV cache, jit prefill + while-loop decode), temperature 1, no
+    early stop (an end token that can never be sampled), prompts of P tokens (the same integer tokens the
+    main process uses), N generated tokens; one request {"batch": B, "seed": s} times one whole `__call__`.
+  - "agentic": Tunix's agentic rollout engine (`TrajectoryCollectEngine.collect_multiple`, the loop its
+    agentic GRPO learner drives) on a FrozenLake `BaseTaskEnv` with our env's semantics and maps (Tunix
+    0.1.7 ships no FrozenLake environment, so this file defines one), an agent that reads the sampled
+    action token, and a model_call that runs the vanilla Sampler on the turn's prompt with all but the 4
+    action tokens forbidden (constrained one-token actions, as in our rollout); one request
+    {"episodes": n, "seed": s} times one collection of n episodes.
+  The sampler / engine is built once and a {"ready": true, ...} line is printed; each request line is
   answered by ONE timed call as one JSON stdout line; {"quit": true} or EOF ends it. The first request of
   a shape includes Tunix's compile (its jit is per shape), so the caller sends a warm-up first.
 Imports nothing from crl_jax.
@@ -28,7 +28,6 @@ import asyncio
 import copy
 import itertools
 import json
-import statistics
 import sys
 import time
 
@@ -138,17 +137,6 @@ def sampler_engine(a):
     return call
 
 
-def mode_sampler(a):
-    call = sampler_engine(a)
-    rows = []
-    for B in a["batches"]:
-        first = call(B, 0)
-        t = statistics.median(call(B, r + 1)["seconds"] for r in range(a["reps"]))
-        rows.append(dict(batch=B, seconds=t, tok_s=B * a["new_tokens"] / t, first_s=first["seconds"],
-                         tokens_per_row=first["tokens_per_row"]))
-    return dict(rows=rows)
-
-
 # ---------------------------------------------------------------------------------------------
 # Agentic FrozenLake
 
@@ -244,18 +232,6 @@ def agentic_engine(a):
     return call
 
 
-def run_agentic(a):
-    call = agentic_engine(a)
-    call(2, 0)  # compile prefill/decode for this prompt length
-    rows = []
-    for n in a["episodes"]:
-        rs = [call(n, r + 1) for r in range(a["reps"])]
-        dt = statistics.median(r["seconds"] for r in rs)
-        rows.append(dict(episodes=n, seconds=dt, episodes_s=n / dt, turns_s=rs[0]["turns"] / dt,
-                         mean_turns=rs[0]["mean_turns"], success=rs[0]["success"]))
-    return dict(rows=rows)
-
-
 def serve(a):
     """The session loop (see the module docstring): build once, then one timed call per request line."""
     kind = a["kind"]
@@ -278,7 +254,7 @@ def main():
     mode, args = sys.argv[1], json.loads(sys.argv[2])
     if mode == "serve":
         return serve(args)
-    fn = {"export": mode_export, "sampler": mode_sampler, "agentic": run_agentic}[mode]
+    fn = {"export": mode_export}[mode]
     print(json.dumps(fn(args)))
 
 

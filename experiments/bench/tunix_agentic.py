@@ -101,19 +101,6 @@ def tunix_call(tunix, n, seed) -> dict:
     return dict(out, computed_turns=out["turns"])  # Tunix computes exactly the played turns
 
 
-def bench_row(calls: dict, n: int, reps: int) -> dict:
-    """Warm both sides (compile; first-call seconds kept), then `reps` rounds of one call per side in turn.
-    calls: {name: fn(seed) -> dict}. Returns {episodes, first: {name: s}, runs: {name: [dict per repeat]},
-    load: (1-min load average at the start, at the end)}."""
-    load0 = tc.loadavg()
-    first = {name: fn(0)["seconds"] for name, fn in calls.items()}
-    runs = {name: [] for name in calls}
-    for r in range(reps):
-        for name, fn in calls.items():
-            runs[name].append(fn(r + 1))
-    return dict(episodes=n, first=first, runs=runs, load=(load0, tc.loadavg()))
-
-
 def matmul_gflops(n: int = 2048, calls: int = 5) -> float:
     """This machine's float32 matmul rate now (GFLOP/s): a jitted [n x n] @ [n x n], median of `calls` calls
     after a warm one. The ceiling that both sides' achieved GFLOP/s are read against."""
@@ -139,7 +126,7 @@ def row_stats(row, flops: dict) -> dict:
                         mean_turns=statistics.mean(r["mean_turns"] for r in runs),
                         success=statistics.mean(r["success"] for r in runs),
                         flop_ep=float(computed.mean()) * flops[name] / n)
-    st["ratios"] = [b["seconds"] / a["seconds"] for a, b in zip(row["runs"]["ours"], row["runs"]["tunix"])]
+    st["ratios"] = tc.speedups(row, "ours", "tunix")
     return st
 
 
@@ -208,7 +195,7 @@ def main(argv=None):
     with tc.WorkerSession(a.venv, worker_setup) as tunix:
         for n in counts:
             calls = {"ours": partial(ours_call, fns[n], pa, n, a.turns), "tunix": partial(tunix_call, tunix, n)}
-            rows.append(bench_row(calls, n, a.reps))
+            rows.append(tc.interleave(calls, a.reps, episodes=n))
             print(f"{n} ep: load {rows[-1]['load'][0]} -> {rows[-1]['load'][1]}", flush=True)
     tab = table(rows, flops, peak, a.turns, P)
     print(tab)

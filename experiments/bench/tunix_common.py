@@ -1,8 +1,8 @@
 """Shared pieces of the Tunix comparison benchmarks (`tunix_sampler.py`, `tunix_agentic.py`).
 
 Tunix (`google-tunix` 0.1.7) lives in its own virtual environment (`tunix_setup.sh`; its pins would
-downgrade this project's packages), so its side runs as a subprocess (`_tunix_worker.py`: one-shot
-modes print one JSON line; `WorkerSession` keeps one worker alive and asks it for one timed call at a
+downgrade this project's packages), so its side runs as a subprocess (`_tunix_worker.py`: the export
+mode prints one JSON line; `WorkerSession` keeps one worker alive and asks it for one timed call at a
 time, so the benchmarks interleave ours and Tunix call by call) and ours in this interpreter. Both
 sides use the SAME weights: the worker builds the Tunix Llama3 model with `create_dummy_model(...,
 scale=0.1)`, writes its parameters to an `.npz` (`'/'`-joined Tunix paths), and `tunix_to_crl` turns
@@ -203,6 +203,24 @@ def fmt_spread(xs, fmt: str = ".2f") -> str:
 def loadavg() -> str:
     """The 1-minute load average now (the machine is shared; printed at the start and end of each row)."""
     return f"{os.getloadavg()[0]:.2f}"
+
+
+def interleave(calls: dict, reps: int, **row) -> dict:
+    """Warm every side (compile; first-call seconds kept), then `reps` rounds of one call per side in turn, so
+    the calls of one round see about the same load. calls: {name: fn(seed) -> dict with "seconds"}.
+    Returns dict(**row, first={name: s}, runs={name: [dict per repeat]}, load=(1-min load at start, at end))."""
+    load0 = loadavg()
+    first = {name: fn(0)["seconds"] for name, fn in calls.items()}
+    runs = {name: [] for name in calls}
+    for r in range(reps):
+        for name, fn in calls.items():
+            runs[name].append(fn(r + 1))
+    return dict(row, first=first, runs=runs, load=(load0, loadavg()))
+
+
+def speedups(row, num: str, den: str) -> list[float]:
+    """Per-repeat throughput ratio num / den of an `interleave` row (den's seconds / num's, same round)."""
+    return [d["seconds"] / n["seconds"] for n, d in zip(row["runs"][num], row["runs"][den])]
 
 
 def turn_flops(shape: dict, prompt_len: int, side: str) -> float:

@@ -40,45 +40,29 @@ import tunix_common as tc  # noqa: E402
 from crl_jax import sampling as S  # noqa: E402
 
 
-def ours_call(gd, pa, shape, B, P, N, seed) -> float:
-    """Seconds of one whole `generate` call of ours at batch B (prompts seeded by B, as the worker's)."""
+def ours_call(gd, pa, shape, B, P, N, seed) -> dict:
+    """{"seconds"} of one whole `generate` call of ours at batch B (prompts seeded by B, as the worker's)."""
     prompt = jnp.asarray(np.random.default_rng(B).integers(2, shape["vocab_size"], (B, P)), jnp.int32)
     plen = jnp.full((B,), P, jnp.int32)
     t0 = time.perf_counter()
     toks, _, _ = S.generate((gd, pa), prompt, plen, jax.random.key(seed), max_new_tokens=N, temperature=1.0)
     np.asarray(toks)
-    return time.perf_counter() - t0
+    return dict(seconds=time.perf_counter() - t0)
 
 
-def tunix_call(tunix, B, N, seed) -> float:
-    """Seconds of one Tunix `Sampler.__call__` at batch B, through the session."""
+def tunix_call(tunix, B, N, seed) -> dict:
+    """The worker's answer ({"seconds", ...}) for one Tunix `Sampler.__call__` at batch B."""
     out = tunix.request(batch=B, seed=seed)
     assert out["tokens_per_row"] == N, f"Tunix generated {out['tokens_per_row']} tokens, not {N}"
-    return out["seconds"]
-
-
-def bench_row(calls: dict, B: int, reps: int) -> dict:
-    """Warm every side (compile; first-call seconds kept), then `reps` rounds of one call per side in turn.
-
-    calls: {name: fn(seed) -> seconds}. Returns {batch, first: {name: s}, times: {name: [s per repeat]},
-    load: (1-min load average at the start, at the end)}.
-    """
-    load0 = tc.loadavg()
-    first = {name: fn(0) for name, fn in calls.items()}
-    times = {name: [] for name in calls}
-    for r in range(reps):
-        for name, fn in calls.items():
-            times[name].append(fn(r + 1))
-    return dict(batch=B, first=first, times=times, load=(load0, tc.loadavg()))
+    return out
 
 
 def tok_s(row, name, N):
-    return statistics.median(row["batch"] * N / t for t in row["times"][name])
+    return statistics.median(row["batch"] * N / r["seconds"] for r in row["runs"][name])
 
 
-def ratios(row, num, den):
-    """Per-repeat throughput ratio num / den (= den's seconds / num's seconds of the same repeat)."""
-    return [d / n for n, d in zip(row["times"][num], row["times"][den])]
+def ms_call(row, name):
+    return 1e3 * statistics.median(r["seconds"] for r in row["runs"][name])
 
 
 def table(rows, P, N) -> str:
@@ -86,10 +70,9 @@ def table(rows, P, N) -> str:
            "load 1 min start / end |"]
     out.append("|" + "---|" * (out[0].count("|") - 1))
     for o in rows:
-        t = o["times"]
         cells = [str(o["batch"]), str(P), str(N), f"{tok_s(o, 'ours', N):,.0f}"]
-        cells += [f"{tok_s(o, 'tunix', N):,.0f}", "x" + tc.fmt_spread(ratios(o, "ours", "tunix"))]
-        cells += [f"{1e3 * statistics.median(t['ours']):.1f} / {1e3 * statistics.median(t['tunix']):.1f}",
+        cells += [f"{tok_s(o, 'tunix', N):,.0f}", "x" + tc.fmt_spread(tc.speedups(o, "ours", "tunix"))]
+        cells += [f"{ms_call(o, 'ours'):.1f} / {ms_call(o, 'tunix'):.1f}",
                   f"{o['load'][0]} / {o['load'][1]}"]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -124,10 +107,10 @@ def main(argv=None):
     with tc.WorkerSession(a.venv, setup) as tunix:
         for B in batches:
             calls = {"ours": partial(ours_call, gd, pa, shape, B, P, N), "tunix": partial(tunix_call, tunix, B, N)}
-            row = bench_row(calls, B, a.reps)
+            row = tc.interleave(calls, a.reps, batch=B)
             rows.append(row)
             print(f"B={B}: load {row['load'][0]} -> {row['load'][1]}; ours / Tunix x"
-                  f"{tc.fmt_spread(ratios(row, 'ours', 'tunix'))} (min / med / max)", flush=True)
+                  f"{tc.fmt_spread(tc.speedups(row, 'ours', 'tunix'))} (min / med / max)", flush=True)
     tab = table(rows, P, N)
     print(tab)
     comp = ", ".join(f"B={o['batch']}: " + " / ".join(f"{o['first'][k]:.1f}" for k in o["first"]) for o in rows)

@@ -128,3 +128,18 @@ def test_turn_flops_hand_counted():
     assert tc.turn_flops(SHAPE, 5, "tunix") == 2 * (6720 + 1920) + 880 + 2 * (1344 + 384) + 176
     with pytest.raises(ValueError):
         tc.turn_flops(SHAPE, 5, "other")
+
+
+def test_interleave_warms_then_alternates_and_speedups_pair_the_rounds():
+    order = []
+
+    def side(name, seconds):
+        def fn(seed):
+            order.append((name, seed))
+            return {"seconds": seconds[seed]}
+        return fn
+
+    row = tc.interleave({"ours": side("ours", [9.0, 1.0, 2.0]), "tunix": side("tunix", [9.0, 3.0, 2.0])}, 2, batch=4)
+    assert order == [("ours", 0), ("tunix", 0), ("ours", 1), ("tunix", 1), ("ours", 2), ("tunix", 2)]
+    assert row["batch"] == 4 and row["first"] == {"ours": 9.0, "tunix": 9.0} and len(row["load"]) == 2
+    assert tc.speedups(row, "ours", "tunix") == [3.0, 1.0]  # tunix seconds / ours seconds per round
