@@ -104,6 +104,32 @@ def test_sample_logits_hand_computed():
     np.testing.assert_allclose(jax.nn.softmax(x)[0], np.array([0.25, 0.09, 0.04]) / 0.38, atol=1e-6)
 
 
+def test_inverse_cdf_index_literal():
+    """c = cumsum(p) = (0, .2, .2, .7, 1.0): u in [0, .2) -> 1, [.2, .7) -> 3, [.7, 1) -> 4; the weight-0 tokens
+    0 and 2 are never drawn, not even at u = 0 or exactly on a boundary."""
+    p = jnp.array([[0.0, 0.2, 0.0, 0.5, 0.3]] * 7)
+    u = jnp.array([0.0, 0.1, 0.2, 0.45, 0.7, 0.99, 1.0 - 2.0 ** -24])
+    np.testing.assert_array_equal(S.inverse_cdf_index(u, p), [1, 1, 3, 3, 4, 4, 4])
+    # unnormalised weights and trailing zeros: (0, 2, 0, 0) always gives 1
+    np.testing.assert_array_equal(S.inverse_cdf_index(jnp.array([0.0, 0.5, 0.9999999]), jnp.array([[0.0, 2.0, 0, 0]] * 3)),
+                                  [1, 1, 1])
+    np.testing.assert_array_equal(jax.jit(S.inverse_cdf_index)(u, p), [1, 1, 3, 3, 4, 4, 4])
+
+
+def test_categorical_inverse_cdf_frequencies():
+    """20,000 draws per row match the probabilities (4 sigma), and -inf tokens never come up."""
+    probs = np.array([[0.5, 0.0, 0.3, 0.15, 0.05], [0.0, 0.0, 0.0, 1.0, 0.0]])
+    logp = jnp.log(jnp.asarray(probs, jnp.float32))
+    keys = jax.random.split(jax.random.key(0), 20000)
+    toks = np.asarray(jax.vmap(lambda k: S.categorical_inverse_cdf(k, logp))(keys))  # [n, 2]
+    n = toks.shape[0]
+    for row in range(2):
+        freq = np.bincount(toks[:, row], minlength=5) / n
+        sigma = np.sqrt(probs[row] * (1 - probs[row]) / n)
+        assert np.all(np.abs(freq - probs[row]) <= 4 * sigma + 1e-12), (row, freq)
+        assert np.all(freq[probs[row] == 0] == 0)
+
+
 def test_first_token_mixture_literal():
     """SamplerConfig.first_mix: the first token comes from (1 - m) p + m * uniform(allowed) with that
     log-prob; later tokens are unmixed."""
