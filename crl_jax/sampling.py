@@ -15,11 +15,15 @@ rolled right by pad_b = P - len_b, so every prompt ends at slot P-1 and all rows
 one scalar cache index (the transformer's cache contract). Row b's token in slot s has position s - pad_b;
 the padded slots are masked out as keys. The cache holds P + N slots; it is carried through the decode
 loop and written in place, and each step attends only over the `attn_block`-slot blocks written so far.
+Models with at most `unroll_layers` layers run their layers as straight-line code over weights sliced once
+before the loop (a layer scan inside the loop would copy every layer's weights at every step), with the q/k/v
+and gate/up projections fused into one matmul each (fewer, larger ops: a batch-1 step is mostly per-op cost).
 
 Sampling order (per step, per row): allowed-token mask -> temperature -> top-k -> top-p (nucleus) ->
-categorical (by inverse CDF of one uniform per row, `categorical_inverse_cdf`). The returned log-prob is that of the sampled token under exactly this filtered, renormalised
-distribution. Temperature 0 is greedy: argmax of the masked logits, log-prob = log-softmax of the masked
-logits (temperature 1, no top-k / top-p) at the argmax.
+categorical (by inverse CDF of one uniform per row, `categorical_inverse_cdf`). The returned log-prob is that
+of the sampled token under exactly this filtered, renormalised distribution. Temperature 0 is greedy: argmax
+of the masked logits, log-prob = log-softmax of the masked logits (temperature 1, no top-k / top-p) at the
+argmax.
 
 Stopping: a row is done after it emits a stop token (the stop token is kept and counted in `lengths`);
 later slots hold `pad_id` with log-prob 0. The decode loop (`lax.while_loop`) exits early once every row
@@ -51,6 +55,9 @@ class SamplerConfig:
     stop_tokens: tuple = ()  # token ids that end a row (kept in the output)
     pad_id: int = 0  # written after a row stops
     attn_block: int = 128  # cache slots per attention block: decode reads only the blocks written so far
+    unroll_layers: int = 8  # models with at most this many layers decode with straight-line layers over weights
+    #                         sliced once before the loop (`Transformer.layer_list`); deeper ones keep the layer
+    #                         scan (compile time flat in depth), which slices every layer's weights at every step
     first_mix: float = 0.0  # exploration of the FIRST token: sample it from (1 - m) * p + m * uniform(allowed);
     #                         its log-prob is the mixture's (the behaviour policy). 0 = off
 
@@ -65,6 +72,8 @@ class SamplerConfig:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.attn_block < 1:
             raise ValueError(f"attn_block must be >= 1, got {self.attn_block}")
+        if self.unroll_layers < 0:
+            raise ValueError(f"unroll_layers must be >= 0, got {self.unroll_layers}")
         if not 0.0 <= self.first_mix < 1.0:
             raise ValueError(f"first_mix must be in [0, 1), got {self.first_mix}")
         object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
@@ -199,9 +208,12 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
     toks, pos, valid = left_align(prompt.astype(jnp.int32), prompt_len, cfg.pad_id)
 
     cache = tr.init_cache(model.cfg, B, P + N)
+    layers = None
+    if model.cfg.num_layers <= cfg.unroll_layers:  # sliced once, here; the barrier keeps XLA from sinking the
+        layers = jax.lax.optimization_barrier(model.layer_list(fused=True))  # slices back into the loop (a copy per step)
     # Unembed only the last slot: [B, P, V] prefill logits would dominate memory for big vocabularies.
     h, cache = model(toks, positions=pos, attention_mask=valid, cache=cache, cache_index=0, return_hidden=True,
-                     attn_block=cfg.attn_block)
+                     attn_block=cfg.attn_block, layers=layers)
     logits = model.unembed(h[:, -1:])[:, 0]
     stops = jnp.asarray(cfg.stop_tokens, jnp.int32)
 
@@ -224,7 +236,7 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
         # Feed the token at slot P + i; its position continues each row's own count.
         new_pos = (prompt_len + i)[:, None]
         h, cache = model(tok[:, None], positions=new_pos, attention_mask=jnp.ones((B, 1), bool), cache=cache,
-                         cache_index=P + i, return_hidden=True, attn_block=cfg.attn_block)
+                         cache_index=P + i, return_hidden=True, attn_block=cfg.attn_block, layers=layers)
         return i + 1, model.unembed(h)[:, 0], cache, key, done, out_t, out_lp
 
     init = (jnp.int32(0), logits, cache, key, jnp.zeros((B,), bool),
@@ -253,7 +265,7 @@ def _generate_jit(graphdef, params, prompt, prompt_len, key, cfg, allowed_tokens
 
 
 def generate(model, prompt_tokens, prompt_lengths, key, *, max_new_tokens, temperature=1.0, top_p=1.0,
-             top_k=0, stop_tokens=(), allowed_tokens=None, pad_id=0):
+             top_k=0, stop_tokens=(), allowed_tokens=None, pad_id=0, unroll_layers=8):
     """Sample N = max_new_tokens tokens after each prompt. See the module docstring.
 
     model: a Transformer or its (graphdef, params) split. prompt_tokens [B, P] int right-padded,
@@ -262,7 +274,8 @@ def generate(model, prompt_tokens, prompt_lengths, key, *, max_new_tokens, tempe
     """
     graphdef, params = _split_model(model)
     cfg = SamplerConfig(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
-                        top_k=int(top_k), stop_tokens=tuple(stop_tokens), pad_id=int(pad_id))
+                        top_k=int(top_k), stop_tokens=tuple(stop_tokens), pad_id=int(pad_id),
+                        unroll_layers=int(unroll_layers))
     prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
     prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
     if allowed_tokens is not None:

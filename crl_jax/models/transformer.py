@@ -17,7 +17,9 @@ Call forms (tokens are `[B, T]` int32):
 - `model(tokens, positions=..., cache=cache, cache_index=i, attention_mask=...)` -> (logits, cache):
   writes keys/values into slots `i .. i+T-1` of a cache made by `init_cache` and attends over every
   valid slot `<=` the query's own slot. `cache_index` is one scalar for the whole batch (batched
-  prompts are left-padded by the sampler, so all rows advance together).
+  prompts are left-padded by the sampler, so all rows advance together). With `layers=model.layer_list()` the
+  blocks run as straight-line code over those pre-sliced (optionally q/k/v- and gate/up-fused) weights instead
+  of the layer scan (the sampler does this for shallow models: no per-step slice of the stacked weights).
 
 The cached path (issue #16) carries the whole `[L, B, S, Hkv, D]` cache through the layer scan and
 writes only the new slots (`dynamic_update_slice` on the carried buffer, in place under jit: no copy of
@@ -171,8 +173,23 @@ class Transformer(nnx.Module):
 
     # -- forward -------------------------------------------------------------------------------
 
+    def layer_list(self, fused: bool = False) -> list[dict]:
+        """The stacked layer weights sliced into one dict per layer. A decode loop slices once, before the loop,
+        and passes the list as `layers=`: inside the loop a layer `scan` would slice (copy) every layer's weights
+        again at every step (on the 2-core CPU a batch-1 sampler call of the 4-layer bench shape is x1.27 faster
+        without those copies; experiments/bench/RESULTS.md). `fused`: q/k/v and gate/up concatenated into one
+        matrix each ("wqkv", "w_gate_up"; the layer code splits their products), two and one matmuls fewer per
+        layer, for another ~x1.1 at batch 1 (same weights copied once: the slicing is a copy anyway)."""
+        lps = self.layer_params()
+        out = [{k: v[i] for k, v in lps.items()} for i in range(self.cfg.num_layers)]
+        if fused:
+            for d in out:
+                d["wqkv"] = jnp.concatenate([d.pop("wq"), d.pop("wk"), d.pop("wv")], axis=-1)
+                d["w_gate_up"] = jnp.concatenate([d.pop("w_gate"), d.pop("w_up")], axis=-1)
+        return out
+
     def __call__(self, tokens, *, positions=None, attention_mask=None, cache=None, cache_index=None,
-                 return_hidden: bool = False, attn_block: int = 128):
+                 return_hidden: bool = False, attn_block: int = 128, layers=None):
         cfg = self.cfg
         B, T = tokens.shape
         if positions is None:
@@ -201,14 +218,20 @@ class Transformer(nnx.Module):
                 raise ValueError("cache_index is required when a cache is given")
             valid = jax.lax.dynamic_update_slice(cache["valid"], attention_mask, (0, cache_index))
 
-            def cblock(carry, xs):  # the cache rides in the carry: updated in place, never restacked
-                h, kc, vc = carry
-                lp, layer = xs
-                return self._cached_layer(h, lp, layer, positions, inv_freq, attn_factor, valid, kc, vc,
-                                          cache_index, attn_block), None
+            if layers is not None:  # straight-line layers over pre-sliced weights (`layer_list`)
+                ks, vs = cache["k"], cache["v"]
+                for i, lp in enumerate(layers):
+                    h, ks, vs = self._cached_layer(h, lp, i, positions, inv_freq, attn_factor, valid, ks, vs,
+                                                   cache_index, attn_block)
+            else:
+                def cblock(carry, xs):  # the cache rides in the carry: updated in place, never restacked
+                    h, kc, vc = carry
+                    lp, layer = xs
+                    return self._cached_layer(h, lp, layer, positions, inv_freq, attn_factor, valid, kc, vc,
+                                              cache_index, attn_block), None
 
-            layers = jnp.arange(cfg.num_layers, dtype=jnp.int32)
-            (h, ks, vs), _ = jax.lax.scan(cblock, (h, cache["k"], cache["v"]), (lps, layers))
+                idx = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+                (h, ks, vs), _ = jax.lax.scan(cblock, (h, cache["k"], cache["v"]), (lps, idx))
             new_cache = {"k": ks, "v": vs, "valid": valid}
         h = rms_norm(h, self.final_norm[...], cfg.rms_norm_eps)
         out = h if return_hidden else self.unembed(h)
@@ -270,17 +293,24 @@ class Transformer(nnx.Module):
 
     def _mlp(self, h, lp):
         x = rms_norm(h, lp["mlp_norm"], self.cfg.rms_norm_eps)
-        g = jnp.einsum("bth,hi->bti", x, lp["w_gate"])
-        u = jnp.einsum("bth,hi->bti", x, lp["w_up"])
+        if "w_gate_up" in lp:
+            g, u = jnp.split(jnp.einsum("bth,hi->bti", x, lp["w_gate_up"]), 2, axis=-1)
+        else:
+            g = jnp.einsum("bth,hi->bti", x, lp["w_gate"])
+            u = jnp.einsum("bth,hi->bti", x, lp["w_up"])
         return jnp.einsum("bti,ih->bth", jax.nn.silu(g) * u, lp["w_down"]).astype(h.dtype)
 
     def _qkv(self, x, lp, positions, inv_freq, attn_factor):
         cfg = self.cfg
         B, T, _ = x.shape
         D = cfg.dim_head
-        q = jnp.einsum("bth,hf->btf", x, lp["wq"])
-        k = jnp.einsum("bth,hf->btf", x, lp["wk"])
-        v = jnp.einsum("bth,hf->btf", x, lp["wv"])
+        if "wqkv" in lp:
+            nq, nkv = cfg.num_heads * D, cfg.num_kv_heads * D
+            q, k, v = jnp.split(jnp.einsum("bth,hf->btf", x, lp["wqkv"]), [nq, nq + nkv], axis=-1)
+        else:
+            q = jnp.einsum("bth,hf->btf", x, lp["wq"])
+            k = jnp.einsum("bth,hf->btf", x, lp["wk"])
+            v = jnp.einsum("bth,hf->btf", x, lp["wv"])
         if cfg.attention_bias:
             q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
         q = q.reshape(B, T, cfg.num_heads, D)

@@ -70,3 +70,47 @@ def test_compiled_decode_holds_one_cache_not_two():
     old = LD.legacy_generate_jit.lower(*args).compile().memory_analysis().temp_size_in_bytes
     new = _new.lower(*args).compile().memory_analysis().temp_size_in_bytes
     assert new < old - cache_bytes, (new, old, cache_bytes)
+
+
+@pytest.mark.parametrize("P,N,temperature", [(9, 12, 0.0), (2, 20, 1.0)])
+def test_straight_line_layers_equal_the_layer_scan(model, P, N, temperature):
+    """Decode with the layers as straight-line code over weights sliced once (`unroll_layers`, the default for
+    this 2-layer model) and with the layer scan (`unroll_layers=0`): the same tokens and lengths, equal
+    log-probs, at two prompt / generation lengths and with a looped (3-slot) attention block."""
+    gd, pa = model
+    prompt = jnp.asarray(np.random.default_rng(P).integers(1, V, (3, P)), jnp.int32)
+    plen = jnp.array([P, 1, max(1, P // 2)], jnp.int32)
+    base = dict(max_new_tokens=N, temperature=temperature, attn_block=3)
+    key = jax.random.key(11)
+    lin = _new(gd, pa, prompt, plen, key, S.SamplerConfig(**base))
+    scan = _new(gd, pa, prompt, plen, key, S.SamplerConfig(**base, unroll_layers=0))
+    np.testing.assert_array_equal(lin[0], scan[0])
+    np.testing.assert_allclose(lin[1], scan[1], atol=1e-5)
+    np.testing.assert_array_equal(lin[2], scan[2])
+    assert len(set(np.asarray(lin[0]).ravel().tolist())) > 3
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_layer_list_forward_equals_the_scan(family):
+    """`model(..., cache=..., layers=model.layer_list(fused))` gives the scan's hidden states and cache, with
+    the per-layer weights as stored and with q/k/v and gate/up fused (what the sampler passes), for the
+    llama, qwen2 (q/k/v biases) and qwen3 (q/k norms) layers."""
+    extra = {"llama": {}, "qwen2": dict(attention_bias=True), "qwen3": dict(qk_norm=True)}[family]
+    m = tr.create(tr.tiny_config(V, num_layers=3, **extra), jax.random.key(5))
+    if family == "qwen2":  # non-zero biases, so a mis-split would show
+        for name in ("bq", "bk", "bv"):
+            getattr(m, name)[...] = 0.1 * jax.random.normal(jax.random.key(len(name)), getattr(m, name).shape)
+    toks = jnp.asarray(np.random.default_rng(3).integers(1, V, (2, 7)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
+    outs = [m(toks, positions=pos, cache=tr.init_cache(m.cfg, 2, 16), cache_index=0, return_hidden=True,
+              layers=layers) for layers in (None, m.layer_list(), m.layer_list(fused=True))]
+    assert set(m.layer_list(fused=True)[0]) >= {"wqkv", "w_gate_up"}
+    for out in outs[1:]:
+        np.testing.assert_allclose(outs[0][0], out[0], rtol=2e-5, atol=1e-5)  # float32 op order
+        for k in ("k", "v"):
+            np.testing.assert_allclose(outs[0][1][k], out[1][k], rtol=2e-5, atol=1e-5)
+
+
+def test_unroll_layers_config_checked():
+    with pytest.raises(ValueError, match="unroll_layers"):
+        S.SamplerConfig(max_new_tokens=2, unroll_layers=-1)
