@@ -46,7 +46,8 @@ def evaluate_pool(rt, state, *, heldout: bool) -> tuple[jax.Array, jax.Array]:
     ep = play(state.actor.graphdef, state.actor.params, env, renderer, rt.tiny.seg, rt.tiny.action_ids, key,
               tasks=two(tasks), task_tokens=two(tt), task_len=two(tl), exp=two(exp), exp_len=two(exp_len),
               has_exp=jnp.concatenate([has, jnp.zeros_like(has)]), num_turns=rt.num_turns, temperature=temp,
-              turn_marker=cfg.rollout.turn_marker, reset_keys=two(episode_reset_keys(key, n)))
+              turn_marker=cfg.rollout.turn_marker, reset_keys=two(episode_reset_keys(key, n)),
+              share_prefix=cfg.rollout.share_prefix)
     s = ep.success.astype(jnp.float32)
     return s[:n].mean(), s[n:].mean()
 

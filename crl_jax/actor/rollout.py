@@ -106,25 +106,36 @@ def build_prompt(task, task_len, exp, exp_len, has_exp, seg: Segments, turn, obs
 
 
 def sample_turn(graphdef, params, seg: Segments, allowed, action_ids, k_play, t, task_tokens, task_len, exp, exp_len,
-                has_exp, obs, obs_len, *, temperature: float, turn_marker: bool):
+                has_exp, obs, obs_len, *, temperature: float, turn_marker: bool, prefix=None):
     """One turn of N episodes: build the prompts, sample one allowed action token each (key `fold_in(k_play,
     t)`) -> (prompts [N, P], lengths [N], tokens [N], log-probs [N], env actions [N]). Shared by `play` and
-    the host driver (`crl_jax.backends.host.play`), so both paths build and sample turns identically."""
-    prompts, plen = jax.vmap(
-        lambda a, b, c, d, e, o, ol: build_prompt(a, b, c, d, e, seg, t, o, ol, turn_marker=turn_marker)
-    )(task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len)
-    logits = last_logits(graphdef, params, prompts, plen)
+    the host driver (`crl_jax.backends.host.play`), so both paths build and sample turns identically.
+
+    `prefix`: the task texts' keys and values (`Transformer.encode_prefix(task_tokens, task_len)`); the model
+    then runs only the rest of each prompt (the returned prompts are still the whole ones)."""
+    build = jax.vmap(lambda a, b, c, d, e, o, ol: build_prompt(a, b, c, d, e, seg, t, o, ol, turn_marker=turn_marker))
+    prompts, plen = build(task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len)
+    if prefix is None:
+        logits = last_logits(graphdef, params, prompts, plen)
+    else:  # the same prompts without their task text (a zero-width task segment), after the encoded prefix
+        rest, rest_len = build(task_tokens[:, :0], jnp.zeros_like(task_len), exp, exp_len, has_exp, obs, obs_len)
+        model = tr.merge(graphdef, params)
+        logits = model.unembed(model.last_hidden(rest, rest_len, prefix=prefix)[:, None])[:, 0]
     tok, lp = sample_logits(logits, jax.random.fold_in(k_play, t), temperature=temperature, allowed=allowed)
     return prompts, plen, tok, lp, token_to_action(tok, action_ids)
 
 
 def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tasks,
          task_tokens, task_len, exp, exp_len, has_exp, num_turns: int, temperature: float,
-         turn_marker: bool = True, reset_keys=None) -> Episodes:
+         turn_marker: bool = True, reset_keys=None, share_prefix: bool = False) -> Episodes:
     """Play N episodes. tasks [N] int32 (pool indices), task_tokens [N, Lt], exp [N, L], has_exp [N].
 
     action_ids [A]: the token of each action (the constrained action vocabulary).
     reset_keys [N]: per-episode env keys (default `episode_reset_keys(key, N)`, as `first_observation`).
+    share_prefix: encode each episode's task text once (`Transformer.encode_prefix`) and run only the rest of
+    every turn's prompt (`rollout.share_prefix`). It pays where the task text is a large part of the prompt (the
+    text view's task line is ~25% of it; the compact view's task is one token). The behaviour log-probs then
+    equal the learner's recomputation over the whole prompt up to float32 order (~1e-6), not bit for bit.
     Returns `Episodes` with T = num_turns turns.
     """
     chex.assert_rank([tasks, task_tokens, exp, has_exp], [1, 2, 2, 1])
@@ -134,13 +145,14 @@ def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tas
     k_play = jax.random.fold_in(key, 1)
     reset_keys = episode_reset_keys(key, N) if reset_keys is None else reset_keys
     states, _ = jax.vmap(env.reset)(reset_keys, tasks)
+    prefix = tr.merge(graphdef, params).encode_prefix(task_tokens, task_len) if share_prefix else None
 
     def turn_fn(carry, t):
         states, done, ret, succ = carry
         obs_tok, obs_len = jax.vmap(renderer)(states)
         prompts, plen, tok, lp, act = sample_turn(graphdef, params, seg, allowed, action_ids, k_play, t, task_tokens,
                                                   task_len, exp, exp_len, has_exp, obs_tok, obs_len,
-                                                  temperature=temperature, turn_marker=turn_marker)
+                                                  temperature=temperature, turn_marker=turn_marker, prefix=prefix)
         new_states, _, r, d, info = jax.vmap(env.step)(states, act)
         active = ~done
         ret = ret + jnp.where(active, r, 0.0)

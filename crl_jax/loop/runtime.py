@@ -95,6 +95,9 @@ def _build(cfg: Config) -> Runtime:
     """The tiny models' Runtime: built-in JAX envs, or a host adapter's pools (`crl_jax.backends.host.env`:
     descriptors and text -> tokens renderers; the games run in `crl_jax.backends.host.driver`)."""
     is_host = cfg.env.name in adapter_names()
+    if is_host and cfg.rollout.share_prefix:
+        raise ConfigError(f"rollout.share_prefix: env {cfg.env.name!r} steps on the host, one compiled call per "
+                          "turn, so there is no episode-long program to keep the encoded task text in; set it false")
     env, eval_env = host_envs(cfg) if is_host else builtin_envs(cfg)
     compact = cfg.rollout.view == "compact"
     T = min(cfg.env.max_turns, env.max_steps)

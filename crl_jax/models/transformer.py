@@ -31,10 +31,8 @@ reverse-mode differentiation does not support); training uses the uncached call.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,68 +41,8 @@ from flax import nnx
 
 from crl_jax.models.attention import attend_live
 from crl_jax.models.layers import apply_rope, rms_norm, rope_inv_freq  # noqa: F401  (re-exported)
-
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-def as_dtype(name: Any):
-    if isinstance(name, str):
-        try:
-            return _DTYPES[name]
-        except KeyError:
-            raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(_DTYPES)}") from None
-    return jnp.dtype(name)
-
-
-@dataclass(frozen=True)
-class TransformerConfig:
-    vocab_size: int  # number of token ids (embedding rows)
-    hidden_size: int  # model width H
-    intermediate_size: int  # SwiGLU hidden width I
-    num_layers: int  # decoder blocks L
-    num_heads: int  # query heads
-    num_kv_heads: int  # key/value heads (grouped-query attention when < num_heads)
-    head_dim: int | None = None  # per-head width D; default hidden_size // num_heads
-    rope_theta: float = 10000.0  # RoPE base frequency
-    rope_scaling: tuple | None = None  # sorted (key, value) items of the HF rope_scaling dict, or None
-    rms_norm_eps: float = 1e-6  # epsilon inside every RMSNorm
-    tie_embeddings: bool = True  # lm_head shares the embedding matrix
-    attention_bias: bool = False  # bias on q/k/v projections (Qwen2 family)
-    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3 family)
-    max_position_embeddings: int = 2048  # longest position the RoPE tables are built for
-    param_dtype: str = "float32"  # storage dtype of parameters ("float32" | "bfloat16")
-    remat: bool = False  # rematerialise each block in the backward pass (saves activation memory)
-    family: str = "llama"  # informational: llama | qwen2 | qwen3 | tiny
-
-    @property
-    def dim_head(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_heads
-
-    def replace(self, **kw) -> "TransformerConfig":
-        return dataclasses.replace(self, **kw)
-
-    def __post_init__(self):
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            )
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"TransformerConfig.{name} must be > 0, got {getattr(self, name)}")
-        as_dtype(self.param_dtype)
-
-    @property
-    def rope_scaling_dict(self) -> dict | None:
-        return dict(self.rope_scaling) if self.rope_scaling else None
-
-
-def tiny_config(vocab_size: int, **overrides) -> TransformerConfig:
-    """The tiny model of the embedded default and of most tests (a few hundred K parameters)."""
-    base = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                num_kv_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6, tie_embeddings=True,
-                max_position_embeddings=1024, family="tiny")
-    base.update(overrides)
-    return TransformerConfig(**base)
+from crl_jax.models.transformer_config import (  # noqa: F401  (re-exported)
+    TransformerConfig, as_dtype, tiny_config)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -237,47 +175,90 @@ class Transformer(nnx.Module):
         out = h if return_hidden else self.unembed(h)
         return out if cache is None else (out, new_cache)
 
-    def last_hidden(self, tokens, lengths):
+    def last_hidden(self, tokens, lengths, prefix: "PrefixKV | None" = None):
         """Final-norm hidden state [B, H] at position lengths-1 of right-padded tokens [B, T]; equal to
         `self(tokens, attention_mask=arange(T) < lengths, return_hidden=True)[b, lengths[b] - 1]`.
 
         The last layer only needs the keys and values of every position: its attention output and MLP are
         computed for the one query position (with 2 layers this skips ~40% of the forward and of its
         gradient; the tiny actor scores only its next token).
+
+        `prefix` (from `encode_prefix`): tokens [B, T] continue those prefixes, so the result equals
+        `last_hidden` over each row's prefix and tokens packed together (up to float32 summation order), while
+        only the T new rows are computed: the prefix enters as its stored keys and values.
         """
         cfg = self.cfg
         B, T = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        key_valid = jnp.arange(T)[None, :] < lengths[:, None]
-        mask = key_valid[:, None, :] & (jnp.arange(T)[None, None, :] <= jnp.arange(T)[None, :, None])
+        t = jnp.arange(T)
+        key_valid = t[None, :] < lengths[:, None]
+        causal = t[None, None, :] <= t[None, :, None]  # [1, T, T]
+        if prefix is None:
+            positions = jnp.broadcast_to(t.astype(jnp.int32), (B, T))
+        else:
+            positions = (prefix.length[:, None] + t[None, :]).astype(jnp.int32)
+            Lp = prefix.valid.shape[1]
+            key_valid = jnp.concatenate([prefix.valid, key_valid], axis=1)  # keys: prefix slots, then the new rows
+            causal = jnp.concatenate([jnp.ones((1, T, Lp), bool), causal], axis=2)
+        mask = key_valid[:, None, :] & causal
         inv_freq_np, attn_factor = rope_inv_freq(cfg)
         inv_freq = jnp.asarray(inv_freq_np)
         last = jnp.clip(lengths - 1, 0, T - 1)
         lps = self.layer_params()
+        past = (None, None) if prefix is None else (prefix.k, prefix.v)
 
-        def block(h, lp):
-            return self._layer(h, lp, positions, inv_freq, attn_factor, mask)[0], None
+        def block(h, xs):
+            lp, pk, pv = xs
+            return self._layer(h, lp, positions, inv_freq, attn_factor, mask,
+                               past_kv=None if pk is None else (pk, pv))[0], None
 
         if cfg.remat:
             block = jax.checkpoint(block)
         h = self.embed_tokens(tokens)
+        head = lambda x: None if x is None else x[:-1]  # noqa: E731
+        tail = lambda x: None if x is None else x[-1]  # noqa: E731
         if cfg.num_layers > 1:
-            h, _ = jax.lax.scan(block, h, jax.tree_util.tree_map(lambda x: x[:-1], lps))
-        m1 = key_valid[:, None, :] & (jnp.arange(T)[None, None, :] <= last[:, None, None])  # [B, 1, T]
-        h1, _ = self._layer(h, jax.tree_util.tree_map(lambda x: x[-1], lps), positions, inv_freq, attn_factor, m1,
-                            query_at=last)
+            h, _ = jax.lax.scan(block, h, (jax.tree_util.tree_map(head, lps), head(past[0]), head(past[1])))
+        m1 = jnp.take_along_axis(mask, last[:, None, None], axis=1)  # [B, 1, keys]: the last row's mask
+        pk, pv = tail(past[0]), tail(past[1])
+        h1, _ = self._layer(h, jax.tree_util.tree_map(tail, lps), positions, inv_freq, attn_factor, m1,
+                            query_at=last, past_kv=None if pk is None else (pk, pv))
         return rms_norm(h1, self.final_norm[...], cfg.rms_norm_eps)[:, 0]
 
-    def _layer(self, h, lp, positions, inv_freq, attn_factor, mask, *, query_at=None):
-        """One uncached decoder block -> (h, None). `query_at` [B]: keys and values of every position, but
-        attention output and MLP for that one position only (h comes back [B, 1, H])."""
+    def encode_prefix(self, tokens, lengths) -> "PrefixKV":
+        """Keys and values of every layer for right-padded prefixes tokens [B, Lp] (lengths [B]), for
+        `last_hidden(..., prefix=)`: what many prompts that start with the same text share is computed once."""
+        cfg = self.cfg
+        B, Lp = tokens.shape
+        t = jnp.arange(Lp)
+        valid = t[None, :] < lengths[:, None]
+        mask = valid[:, None, :] & (t[None, None, :] <= t[None, :, None])
+        positions = jnp.broadcast_to(t.astype(jnp.int32), (B, Lp))
+        inv_freq_np, attn_factor = rope_inv_freq(cfg)
+        inv_freq = jnp.asarray(inv_freq_np)
+
+        def block(h, lp):
+            return self._layer(h, lp, positions, inv_freq, attn_factor, mask, return_kv=True)
+
+        _, (k, v) = jax.lax.scan(block, self.embed_tokens(tokens), self.layer_params())
+        return PrefixKV(k=k, v=v, valid=valid, length=lengths.astype(jnp.int32))
+
+    def _layer(self, h, lp, positions, inv_freq, attn_factor, mask, *, query_at=None, past_kv=None,
+               return_kv=False):
+        """One uncached decoder block -> (h, None), or (h, (k, v)) with `return_kv`. `query_at` [B]: keys and
+        values of every position, but attention output and MLP for that one position only (h comes back
+        [B, 1, H]). `past_kv` (k, v) [B, Lp, Hkv, D]: keys and values of earlier positions, attended before
+        this block's own (`mask` then covers Lp + T keys)."""
         x = rms_norm(h, lp["attn_norm"], self.cfg.rms_norm_eps)
         q, k, v = self._qkv(x, lp, positions, inv_freq, attn_factor)
+        new_kv = (k, v) if return_kv else None
+        if past_kv is not None:
+            k = jnp.concatenate([past_kv[0].astype(k.dtype), k], axis=1)
+            v = jnp.concatenate([past_kv[1].astype(v.dtype), v], axis=1)
         if query_at is not None:
             q = jnp.take_along_axis(q, query_at[:, None, None, None], axis=1)  # [B, 1, Nq, D]
             h = jnp.take_along_axis(h, query_at[:, None, None], axis=1)  # [B, 1, H]
         h = h + jnp.einsum("btf,fh->bth", self._attend(q, k, v, mask), lp["wo"]).astype(h.dtype)
-        return h + self._mlp(h, lp), None
+        return h + self._mlp(h, lp), new_kv
 
     def _cached_layer(self, h, lp, layer, positions, inv_freq, attn_factor, valid, kc, vc, cache_index, block):
         """One decoder block against the full cache kc / vc [L, B, S, Hkv, D]: writes this layer's new keys
@@ -336,6 +317,15 @@ class Transformer(nnx.Module):
         p = jnp.where(mask.any(-1)[:, None, None, :, None], p, 0.0)
         o = jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v)
         return o.reshape(B, T, Nq * D)
+
+
+class PrefixKV(NamedTuple):
+    """Keys and values of right-padded prompt prefixes (`Transformer.encode_prefix`)."""
+
+    k: jax.Array  # [L, B, Lp, Hkv, D]
+    v: jax.Array  # [L, B, Lp, Hkv, D]
+    valid: jax.Array  # [B, Lp] bool: slot < length
+    length: jax.Array  # [B] int32 prefix tokens (the first new token's position)
 
 
 def init_cache(cfg: TransformerConfig, batch: int, max_len: int, dtype=None) -> dict:

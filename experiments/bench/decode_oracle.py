@@ -5,7 +5,9 @@
 Both programs run 32 steps under one jitted `fori_loop`, on the Llama-3 shape of the Tunix benchmarks
 (`tunix_common.bench_shape`, random weights, float32), interleaved call by call:
 - `decode`: our cached forward of one token per step (`Transformer.__call__` with the KV cache, greedy
-  feed; the sampler's model work without its sampling), after a 32-token prefill that is timed apart;
+  feed; the sampler's model work without its sampling: straight-line layers over weights sliced and fused once
+  before the loop, as `sampling.sample_tokens` runs a model this shallow), after a 32-token prefill that is
+  timed apart; `decode_scan`: the same with the layer scan (what deeper models run);
 - `oracle`: only the matvecs through every weight matrix (q, k, v, o, gate, up, down of each layer and the
   unembedding) plus one norm per block so values stay finite: what reading the weights costs.
 Prints ms per step of each, the weight bytes per step and the rate the oracle reads them at, and the
@@ -42,14 +44,18 @@ def programs(gd, cfg, B):
                      cache_index=0, return_hidden=True)
         return m.unembed(h[:, -1:])[:, 0], cache
 
-    def decode(pa, logits, cache):
+    def decode(pa, logits, cache, straight: bool):
         m = tr.merge(gd, pa)
+        # What `sampling.sample_tokens` does for a model this shallow: weights sliced (and q/k/v, gate/up fused)
+        # once before the loop; `straight=False` is the layer scan (deep models), slicing inside the loop.
+        layers = jax.lax.optimization_barrier(m.layer_list(fused=True)) if straight else None
 
         def body(i, c):
             logits, cache = c
             tok = jnp.argmax(logits, -1).astype(jnp.int32)
             h, cache = m(tok[:, None], positions=jnp.full((B, 1), P + i, jnp.int32), cache=cache,
-                         attention_mask=jnp.ones((B, 1), bool), cache_index=P + i, return_hidden=True)
+                         attention_mask=jnp.ones((B, 1), bool), cache_index=P + i, return_hidden=True,
+                         layers=layers)
             return m.unembed(h)[:, 0], cache
 
         return jax.lax.fori_loop(0, N, body, (logits, cache))[0]
@@ -69,7 +75,7 @@ def programs(gd, cfg, B):
 
         return jax.lax.fori_loop(0, N, body, x)
 
-    return jax.jit(prefill), jax.jit(decode), jax.jit(oracle)
+    return jax.jit(prefill), jax.jit(decode, static_argnums=3), jax.jit(oracle)
 
 
 def main(argv=None):
@@ -88,27 +94,30 @@ def main(argv=None):
     per = [{k: v[layer] for k, v in lps.items()} for layer in range(cfg.num_layers)]
     ow = (per, m.embed[...], x)
     logits, cache = jax.block_until_ready(prefill(pa, prompt))
-    jax.block_until_ready((decode(pa, logits, cache), oracle(*ow)))
+    jax.block_until_ready((decode(pa, logits, cache, True), decode(pa, logits, cache, False), oracle(*ow)))
 
     def timed(f, *args):
         t0 = time.perf_counter()
         jax.block_until_ready(f(*args))
         return time.perf_counter() - t0
 
-    t = {"prefill": [], "decode": [], "oracle": []}
+    t = {"prefill": [], "decode": [], "decode_scan": [], "oracle": []}
     load0 = tc.loadavg()
     for _ in range(a.reps):
         t["prefill"].append(timed(prefill, pa, prompt))
-        t["decode"].append(timed(decode, pa, logits, cache))
+        t["decode"].append(timed(decode, pa, logits, cache, True))
+        t["decode_scan"].append(timed(decode, pa, logits, cache, False))
         t["oracle"].append(timed(oracle, *ow))
     mb = sum(int(np.prod(v.shape)) for k, v in tr.merge(gd, pa).layer_params().items()
              if k.startswith("w")) * 4 / 1e6 + a.vocab * cfg.hidden_size * 4 / 1e6
     ms = {k: 1e3 * statistics.median(v) for k, v in t.items()}
     print(f"B={a.batch}, {tr.num_params(pa) / 1e6:.2f}M params, load {load0} -> {tc.loadavg()}")
-    print(f"prefill {ms['prefill']:.2f} ms; decode {ms['decode'] / N:.3f} ms/step; oracle {ms['oracle'] / N:.3f} "
-          f"ms/step ({mb:.1f} MB of weights per step -> {mb * N / ms['oracle']:.1f} GB/s)")
-    ratio = [d / o for d, o in zip(t["decode"], t["oracle"])]
-    print(f"decode / oracle per repeat: x{tc.fmt_spread(ratio)} (min / median / max)")
+    print(f"prefill {ms['prefill']:.2f} ms; decode {ms['decode'] / N:.3f} ms/step (layer scan "
+          f"{ms['decode_scan'] / N:.3f}); oracle {ms['oracle'] / N:.3f} ms/step ({mb:.1f} MB of weights per step -> "
+          f"{mb * N / ms['oracle']:.1f} GB/s)")
+    for name in ("decode", "decode_scan"):
+        ratio = [d / o for d, o in zip(t[name], t["oracle"])]
+        print(f"{name} / oracle per repeat: x{tc.fmt_spread(ratio)} (min / median / max)")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,10 @@ PAD 256, action tokens `<north>` .. `<west>`), FrozenLake 6x6 non-slippery with 
 env's levels for tasks 0..n-1 are sent to the Tunix side), `turns` = the env's max_steps, the same
 prompt text per turn ("current" history: task line, `t=<turn>`, the rendered lake, `Action: `) and one
 constrained action token per turn sampled at temperature 1.
-- Ours: one jitted `play` — all episodes in lock-step, `lax.scan` over turns, envs vmapped, a full
-  forward over each turn's packed prompt. Finished episodes keep running (masked) until `turns`.
+- Ours: one jitted `play` — all episodes in lock-step, `lax.scan` over turns, envs vmapped; the task line's
+  keys and values encoded once per episode (`share_prefix`) and a forward over the rest of each turn's prompt
+  (`--whole-prompt`: the whole prompt every turn, as before #16). Finished episodes keep running (masked)
+  until `turns`.
 - Tunix: `TrajectoryCollectEngine.collect_multiple` (what its agentic learner runs per group) over
   (agent, env) pairs, asyncio + a thread pool, one vanilla-Sampler call (batch 1, prompt padded to
   the same P, all non-action tokens forbidden) per episode per turn; an episode stops when done.
@@ -76,14 +78,15 @@ def setup(turns: int):
     return env, tok, renderer, a_ids, seg
 
 
-def ours_fn(gd, env, tok, renderer, a_ids, seg, n, turns):
-    """Our jitted `play` of n episodes (tasks 0..n-1) -> fn(params, key) -> Episodes."""
+def ours_fn(gd, env, tok, renderer, a_ids, seg, n, turns, share_prefix=True):
+    """Our jitted `play` of n episodes (tasks 0..n-1) -> fn(params, key) -> Episodes. `share_prefix`: the task
+    line is encoded once per episode (`rollout.share_prefix`); False: every turn runs the whole prompt."""
     task_text = env.task_text + "\n"
     ttok, tlen = _rows(tok, [task_text] * n)
     return jax.jit(lambda params, key: play(
         gd, params, env, renderer, seg, a_ids, key, tasks=jnp.arange(n, dtype=jnp.int32), task_tokens=ttok,
         task_len=tlen, exp=jnp.zeros((n, 1), jnp.int32), exp_len=jnp.zeros((n,), jnp.int32),
-        has_exp=jnp.zeros((n,), bool), num_turns=turns, temperature=1.0))
+        has_exp=jnp.zeros((n,), bool), num_turns=turns, temperature=1.0, share_prefix=share_prefix))
 
 
 def ours_call(fn, pa, n, turns, seed) -> dict:
@@ -162,6 +165,8 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3, help="interleaved repeats per row (min / median / max)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="8 episodes, 5 turns, 3 reps")
+    ap.add_argument("--whole-prompt", action="store_true",
+                    help="ours without the shared prefix (every turn runs the whole prompt: the path before #16)")
     ap.add_argument("--results", default="")
     ap.add_argument("--date", default="")
     ap.add_argument("--hardware", default="")
@@ -175,16 +180,19 @@ def main(argv=None):
         gd, pa, info = tc.load_shared_weights(a.venv, shape, a.seed, os.path.join(d, "w.npz"))
     print(f"model {shape}, {info['num_params'] / 1e6:.2f}M params; same weights: max |logit diff| = "
           f"{info['logit_max_abs_diff']:.2e}; jax {jax.__version__} {jax.devices()}", flush=True)
-    fns = {n: ours_fn(gd, env, tok, renderer, a_ids, seg, n, a.turns) for n in counts}
+    share = not a.whole_prompt
+    fns = {n: ours_fn(gd, env, tok, renderer, a_ids, seg, n, a.turns, share) for n in counts}
     P = int(jax.eval_shape(fns[counts[0]], pa, jax.random.key(0)).prompts.shape[2])  # the packed prompt width
+    Lp = len(tok.encode(env.task_text + "\n")) if share else 0  # the task line, encoded once per episode
     holes = np.asarray(jax.vmap(env.task_level)(jnp.arange(max(counts), dtype=jnp.int32)).holes)
     msgs = dict(start=env.env_messages[0], blocked=env.env_messages[1], hole=env.env_messages[2],
                 goal=env.env_messages[3], invalid="That is not a valid action.")
     assert msgs["invalid"] in env.messages, env.messages
-    flops = {side: tc.turn_flops(shape, P, side) for side in ("ours", "tunix")}
+    flops = {side: tc.turn_flops(shape, P, side, prefix_len=Lp, turns=a.turns) for side in ("ours", "tunix")}
     peak = matmul_gflops()
     rate = (f"float32 matmul rate (jitted 2048^3, median of 5): {peak:.1f} GFLOP/s; matmul FLOP per turn at P={P}: "
-            f"ours {flops['ours'] / 1e6:.2f} M (every one of episodes x {a.turns} turns, finished ones masked), "
+            f"ours {flops['ours'] / 1e6:.2f} M (every one of episodes x {a.turns} turns, finished ones masked; "
+            + (f"the {Lp}-token task line encoded once per episode), " if Lp else "whole prompt every turn), ") +
             f"Tunix {flops['tunix'] / 1e6:.2f} M (per played turn)")
     print(rate, flush=True)
     worker_setup = dict(kind="agentic", shape=shape, seed=a.seed, max_steps=a.turns, prompt_len=P,

@@ -114,3 +114,31 @@ def test_free_rollouts_never_see_bank_content():
     n0, n1 = int(ep.prompt_len[0, 0]), int(ep.prompt_len[1, 0])
     tip = rt.tokenizer.decode([int(t) for t in rt.tiny.seg.exp_prefix[: int(rt.tiny.seg.exp_prefix_len)]])  # the tip marker
     assert tip in rt.tokenizer.decode(p[0, 0, :n0]) and tip not in rt.tokenizer.decode(p[1, 0, :n1])
+
+
+def test_shared_prefix_rollouts_equal_the_whole_prompt_ones():
+    """`play(share_prefix=True)` (task text encoded once per episode) plays what the whole-prompt path plays in
+    the text view: the same prompts, action tokens and turns under one key at temperature 1, and behaviour
+    log-probs equal to ~1e-6; a host env refuses the option by name."""
+    from crl_jax.actor.rollout import play
+    from crl_jax.config import ConfigError
+
+    cfg = micro("rollout.view=text", "rollout.tip_window=0", "pretrain.enabled=false")
+    rt = build(cfg)
+    state = loop.init_state(rt, jax.random.key(0), cfg)
+    n = 6
+    tasks = jnp.arange(n, dtype=jnp.int32) % rt.train_task_tokens.shape[0]
+    kw = dict(tasks=tasks, task_tokens=rt.train_task_tokens[tasks], task_len=rt.train_task_len[tasks],
+              exp=jnp.zeros((n, cfg.bank.entry_len), jnp.int32), exp_len=jnp.zeros((n,), jnp.int32),
+              has_exp=jnp.zeros((n,), bool), num_turns=rt.num_turns, temperature=1.0)
+    assert int(rt.train_task_len.min()) > 5  # the text view's task line: a real prefix
+    run = lambda share: jax.jit(lambda p: play(state.actor.graphdef, p, rt.env, rt.renderer, rt.tiny.seg,  # noqa: E731
+                                               rt.tiny.action_ids, jax.random.key(3), share_prefix=share, **kw)
+                                )(state.actor.params)
+    whole, shared = run(False), run(True)
+    for f in ("prompts", "prompt_len", "action_tokens", "actions", "active", "turns"):
+        np.testing.assert_array_equal(getattr(whole, f), getattr(shared, f), err_msg=f)
+    np.testing.assert_allclose(shared.logp, whole.logp, atol=1e-5)
+    assert len(set(np.asarray(whole.action_tokens).ravel().tolist())) > 1  # sampled, not one fixed move
+    with pytest.raises(ConfigError, match="rollout.share_prefix"):
+        build(load(None, ["env.name=minihack-room", "rollout.view=text", "rollout.share_prefix=true"]))

@@ -123,6 +123,10 @@ def test_turn_flops_hand_counted():
     # ours: layer 0 over 5 rows (2*5*672 + 64*5*5 = 8320), layer 1 q/k/v over 5 rows (2*5*256 = 2560),
     # its o + MLP for 1 row (2*416 = 832) and 1 x 5 attention (320), unembedding of 1 row (2*8*11 = 176).
     assert tc.turn_flops(SHAPE, 5, "ours") == 8320 + 2560 + 832 + 320 + 176
+    # With a 2-token prefix encoded once per 4-turn episode: each turn runs 3 rows (layer 0: 2*3*672 + 64*3*5 =
+    # 4992; layer 1 q/k/v 2*3*256 = 1536; o + MLP, 1 x 5 attention and unembedding as above), plus a quarter of
+    # the prefix (2 layers x (2*2*672 + 64*2*2) = 5888 per episode).
+    assert tc.turn_flops(SHAPE, 5, "ours", prefix_len=2, turns=4) == 4992 + 1536 + 832 + 320 + 176 + 5888 / 4
     # Tunix: prefill of 2 layers over 5 rows against 6 cache slots (2 * (6720 + 64*5*6)), unembedding of
     # 5 rows (2*5*8*11 = 880), one decode step (2 * (2*672 + 64*6)) and its unembedding (176).
     assert tc.turn_flops(SHAPE, 5, "tunix") == 2 * (6720 + 1920) + 880 + 2 * (1344 + 384) + 176

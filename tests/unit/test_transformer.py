@@ -68,6 +68,29 @@ def test_last_hidden_equals_the_full_forward_at_the_last_position(layers, bias, 
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=5e-5)
 
 
+@pytest.mark.parametrize("layers,bias,qk", [(2, False, False), (1, True, True), (3, True, False)])
+def test_last_hidden_after_an_encoded_prefix_equals_the_packed_prompt(layers, bias, qk):
+    """`last_hidden(rest, prefix=encode_prefix(head))` == `last_hidden` over head and rest packed into one
+    right-padded row, for rows whose prefix and rest have different lengths (a prefix of 0 tokens too)."""
+    cfg = tr.tiny_config(50, hidden_size=32, num_layers=layers, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                         attention_bias=bias, qk_norm=qk)
+    model = tr.create(cfg, jax.random.key(0))
+    if bias:  # non-zero biases
+        model.bq[...] = 0.3 * jax.random.normal(jax.random.key(2), model.bq.shape)
+    rng = np.random.default_rng(1)
+    head, rest = rng.integers(1, 50, (4, 7)), rng.integers(1, 50, (4, 6))
+    head_len, rest_len = np.array([7, 3, 0, 5]), np.array([6, 1, 4, 2])
+    packed = np.zeros((4, 13), np.int64)
+    for b in range(4):
+        packed[b, :head_len[b]] = head[b, :head_len[b]]
+        packed[b, head_len[b]:head_len[b] + rest_len[b]] = rest[b, :rest_len[b]]
+    ref = model.last_hidden(jnp.asarray(packed), jnp.asarray(head_len + rest_len))
+    pre = model.encode_prefix(jnp.asarray(head), jnp.asarray(head_len))
+    assert pre.k.shape == (layers, 4, 7, 2, cfg.dim_head) and pre.valid.shape == (4, 7)
+    got = jax.jit(lambda r, rl, p: model.last_hidden(r, rl, prefix=p))(jnp.asarray(rest), jnp.asarray(rest_len), pre)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=2e-6)
+
+
 @pytest.mark.parametrize("block", [2, 3, 8, 64])
 def test_live_length_attention_equals_the_full_forward_at_every_length(block):
     """Prefill 5 tokens into a 13-slot cache, then decode one token at a time: the logits at every

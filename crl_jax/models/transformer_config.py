@@ -1,0 +1,74 @@
+"""The transformer's configuration: `TransformerConfig` (one field per architecture choice of the Llama / Qwen2 /
+Qwen3 families), `tiny_config` (the embedded default's model) and `as_dtype`. Re-exported by
+`crl_jax.models.transformer`, where the model lives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def as_dtype(name: Any):
+    if isinstance(name, str):
+        try:
+            return _DTYPES[name]
+        except KeyError:
+            raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(_DTYPES)}") from None
+    return jnp.dtype(name)
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    vocab_size: int  # number of token ids (embedding rows)
+    hidden_size: int  # model width H
+    intermediate_size: int  # SwiGLU hidden width I
+    num_layers: int  # decoder blocks L
+    num_heads: int  # query heads
+    num_kv_heads: int  # key/value heads (grouped-query attention when < num_heads)
+    head_dim: int | None = None  # per-head width D; default hidden_size // num_heads
+    rope_theta: float = 10000.0  # RoPE base frequency
+    rope_scaling: tuple | None = None  # sorted (key, value) items of the HF rope_scaling dict, or None
+    rms_norm_eps: float = 1e-6  # epsilon inside every RMSNorm
+    tie_embeddings: bool = True  # lm_head shares the embedding matrix
+    attention_bias: bool = False  # bias on q/k/v projections (Qwen2 family)
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3 family)
+    max_position_embeddings: int = 2048  # longest position the RoPE tables are built for
+    param_dtype: str = "float32"  # storage dtype of parameters ("float32" | "bfloat16")
+    remat: bool = False  # rematerialise each block in the backward pass (saves activation memory)
+    family: str = "llama"  # informational: llama | qwen2 | qwen3 | tiny
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    def replace(self, **kw) -> "TransformerConfig":
+        return dataclasses.replace(self, **kw)
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"TransformerConfig.{name} must be > 0, got {getattr(self, name)}")
+        as_dtype(self.param_dtype)
+
+    @property
+    def rope_scaling_dict(self) -> dict | None:
+        return dict(self.rope_scaling) if self.rope_scaling else None
+
+
+def tiny_config(vocab_size: int, **overrides) -> TransformerConfig:
+    """The tiny model of the embedded default and of most tests (a few hundred K parameters)."""
+    base = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                num_kv_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6, tie_embeddings=True,
+                max_position_embeddings=1024, family="tiny")
+    base.update(overrides)
+    return TransformerConfig(**base)
