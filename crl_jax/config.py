@@ -62,8 +62,9 @@ class RolloutConfig:
     tip_window: int = 3  # >0: the tip is shown from the current turn on, this many moves, right before the
     #                      action prompt (a plan the actor can follow step by step); 0: the whole entry
     share_prefix: bool = False  # tiny loop: encode each episode's task text once and run only the rest of every
-    #                             turn's prompt (pays in the text view, whose task line is ~25% of a prompt;
-    #                             behaviour log-probs then match the learner's to ~1e-6 instead of exactly)
+    #                             turn's prompt (pays in the text view: its task line is a third of the agentic
+    #                             benchmark's prompts); behaviour log-probs then match the learner's to ~1e-6,
+    #                             not exactly
 
 
 @dataclass(frozen=True)
