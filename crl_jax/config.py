@@ -61,10 +61,11 @@ class RolloutConfig:
     #   token per cell; dark-room semantics unchanged) that a from-scratch transformer reads quickly
     tip_window: int = 3  # >0: the tip is shown from the current turn on, this many moves, right before the
     #                      action prompt (a plan the actor can follow step by step); 0: the whole entry
-    share_prefix: bool = False  # tiny loop: encode each episode's task text once and run only the rest of every
-    #                             turn's prompt (pays in the text view: its task line is a third of the agentic
-    #                             benchmark's prompts); behaviour log-probs then match the learner's to ~1e-6,
-    #                             not exactly
+    share_prefix: bool = False  # encode what every turn's prompt starts with once per episode and run only the
+    #                             rest each turn: the tiny loop's task text (pays in the text view: its task line
+    #                             is a third of the agentic benchmark's prompts; behaviour log-probs then match
+    #                             the learner's to ~1e-6, not exactly), the LLM loop's head (system text, tip,
+    #                             task; each turn prefills only the conversation so far)
 
 
 @dataclass(frozen=True)

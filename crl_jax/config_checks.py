@@ -238,8 +238,6 @@ def validate(cfg) -> None:
     need(0 <= cfg.extraction.min_entry < cfg.extraction.max_new_tokens, "extraction.min_entry",
          "must be in [0, extraction.max_new_tokens)")
     need(cfg.rollout.tip_window >= 0, "rollout.tip_window", "must be >= 0 (0 = the whole entry)")
-    need(not cfg.rollout.share_prefix or cfg.actor.preset == "tiny", "rollout.share_prefix",
-         "applies to the tiny actor's one-token turns; an LLM actor's turns are sampled with their own KV cache")
     need(-1.0 <= cfg.bank.min_similarity <= 1.0, "bank.min_similarity", "must be in [-1, 1] (-1 = off)")
     p = cfg.pretrain
     need(p.actor_steps >= 0, "pretrain.actor_steps", "must be >= 0")

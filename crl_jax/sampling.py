@@ -189,9 +189,13 @@ def left_align(prompt, prompt_len, pad_id=0):
     return tokens.astype(jnp.int32), positions, valid
 
 
-def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig, allowed_tokens=None):
+def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig, allowed_tokens=None, prefix=None):
     """Pure prefill + decode. prompt [B, P] int (right-padded), prompt_len [B] (1 <= len <= P; a row of
     length 0 has nothing to condition on and yields meaningless tokens).
+
+    prefix: None, or the keys and values of text that comes before each row's prompt
+    (`Transformer.encode_prefix`, e.g. a conversation head shared by every turn of an episode): they fill the
+    cache's first slots and the prompt continues at the prefix's length, so only the prompt is prefilled.
 
     allowed_tokens: None or bool [V], [B, V] (same mask every step) or [B, N, V] (per step).
     Returns tokens [B, N] int32, logprobs [B, N] float32, lengths [B] int32 (N = cfg.max_new_tokens).
@@ -207,12 +211,21 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
     prompt_len = prompt_len.astype(jnp.int32)
     toks, pos, valid = left_align(prompt.astype(jnp.int32), prompt_len, cfg.pad_id)
 
-    cache = tr.init_cache(model.cfg, B, P + N)
+    Lh = 0 if prefix is None else prefix.valid.shape[1]  # prefix slots come first in the cache
+    cache = tr.init_cache(model.cfg, B, Lh + P + N)
+    start = jnp.zeros((B,), jnp.int32)  # each row's position of its first prompt token
+    if prefix is not None:
+        chex.assert_shape(prefix.valid, (B, Lh))
+        cache = {"k": jax.lax.dynamic_update_slice(cache["k"], prefix.k.astype(cache["k"].dtype), (0, 0, 0, 0, 0)),
+                 "v": jax.lax.dynamic_update_slice(cache["v"], prefix.v.astype(cache["v"].dtype), (0, 0, 0, 0, 0)),
+                 "valid": jax.lax.dynamic_update_slice(cache["valid"], prefix.valid, (0, 0))}
+        start = prefix.length.astype(jnp.int32)
+        pos = pos + start[:, None]
     layers = None
     if model.cfg.num_layers <= cfg.unroll_layers:  # sliced once, here; the barrier keeps XLA from sinking the
         layers = jax.lax.optimization_barrier(model.layer_list(fused=True))  # slices back into the loop (a copy per step)
     # Unembed only the last slot: [B, P, V] prefill logits would dominate memory for big vocabularies.
-    h, cache = model(toks, positions=pos, attention_mask=valid, cache=cache, cache_index=0, return_hidden=True,
+    h, cache = model(toks, positions=pos, attention_mask=valid, cache=cache, cache_index=Lh, return_hidden=True,
                      attn_block=cfg.attn_block, layers=layers)
     logits = model.unembed(h[:, -1:])[:, 0]
     stops = jnp.asarray(cfg.stop_tokens, jnp.int32)
@@ -233,10 +246,10 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
         out_lp = jax.lax.dynamic_update_index_in_dim(out_lp, lp, i, axis=1)
         if cfg.stop_tokens:
             done = done | jnp.any(tok[:, None] == stops[None, :], axis=-1)
-        # Feed the token at slot P + i; its position continues each row's own count.
-        new_pos = (prompt_len + i)[:, None]
+        # Feed the token at slot Lh + P + i; its position continues each row's own count.
+        new_pos = (start + prompt_len + i)[:, None]
         h, cache = model(tok[:, None], positions=new_pos, attention_mask=jnp.ones((B, 1), bool), cache=cache,
-                         cache_index=P + i, return_hidden=True, attn_block=cfg.attn_block, layers=layers)
+                         cache_index=Lh + P + i, return_hidden=True, attn_block=cfg.attn_block, layers=layers)
         return i + 1, model.unembed(h)[:, 0], cache, key, done, out_t, out_lp
 
     init = (jnp.int32(0), logits, cache, key, jnp.zeros((B,), bool),

@@ -41,7 +41,6 @@ def test_parse_overrides_nested():
     (["extraction.op_explore=1.0"], "extraction.op_explore"),
     (["extraction.op_explore=0.1", "extractor.preset=smollm2-135m"], "extraction.op_explore"),
     (["extraction.update_unretrieved=skip"], "extraction.update_unretrieved"),
-    (["rollout.share_prefix=true", "actor.preset=smollm2-135m"], "rollout.share_prefix"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as e:

@@ -366,3 +366,26 @@ def test_greedy_equals_transformers_generate(tmp_path):
             out = hf.generate(torch.tensor([pr]), attention_mask=torch.ones(1, len(pr), dtype=torch.long),
                               max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0)
         np.testing.assert_array_equal(np.asarray(toks[b]), out[0, len(pr):].numpy())
+
+
+@pytest.mark.parametrize("temperature,unroll", [(0.0, 8), (1.0, 8), (1.0, 0)])
+def test_sampling_after_an_encoded_prefix_equals_the_packed_prompt(model, temperature, unroll):
+    """`sample_tokens(rest, prefix=encode_prefix(head))` samples what `sample_tokens` samples from head and rest
+    packed into one prompt (same key): the same tokens and lengths, log-probs equal to float32 order; with the
+    straight-line layers and with the layer scan, for heads of different lengths (0 included)."""
+    gd, pa = model
+    heads, rests = [[5, 9, 2], [7], []], [[1, 4], [3, 3, 8], [11]]
+    packed, plen = batch([h + r for h, r in zip(heads, rests)])
+    head, head_len = batch([h or [0] for h in heads])
+    head_len = head_len.at[2].set(0)
+    rest, rest_len = batch(rests)
+    cfg = S.SamplerConfig(max_new_tokens=N, temperature=temperature, unroll_layers=unroll)
+    run = jax.jit(S.sample_tokens, static_argnums=(0, 5))
+    key = jax.random.key(7)
+    ref = run(gd, pa, packed, plen, key, cfg)
+    pre = tr.merge(gd, pa).encode_prefix(head, head_len)
+    got = run(gd, pa, rest, rest_len, key, cfg, None, pre)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[2], ref[2])
+    np.testing.assert_allclose(got[1], ref[1], atol=1e-5)
+    assert len(set(np.asarray(ref[0]).ravel().tolist())) > 2

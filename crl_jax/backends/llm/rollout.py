@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from crl_jax.actor.rollout import episode_reset_keys
 from crl_jax.backends.llm.prompt_pieces import actor_head, user_turn
+from crl_jax.models import transformer as tr
 from crl_jax.sampling import SamplerConfig, sample_tokens
 from crl_jax.text.packing import pack_segments
 
@@ -69,6 +70,9 @@ def play(rt, params, key, *, env, renderer, tasks, task_tokens, task_len, exp, e
     states, _ = jax.vmap(env.reset)(reset_keys, tasks)
     head, head_len = jax.vmap(lambda e, el, he, g, gl: actor_head(p, e, el, he, g, gl))(
         exp, exp_len, has_exp, task_tokens, task_len)
+    # rollout.share_prefix: the head (system text, tip, task) is encoded once per episode and every turn
+    # prefills only the history after it (cut where the packed [P] prompt would end, as there).
+    prefix = tr.merge(rt.actor_graphdef, params).encode_prefix(head, head_len) if cfg.rollout.share_prefix else None
 
     def turn_fn(carry, t):
         states, done, ret, succ, hist, hmask, hlogp, hlen, stopped = carry
@@ -80,9 +84,13 @@ def play(rt, params, key, *, env, renderer, tasks, task_tokens, task_len, exp, e
             return _append(h, n, u, jnp.where(on, ul, 0), None)
 
         hist, hlen_u = jax.vmap(add_user)(hist, hlen, stopped, obs, obs_len, active)
-        prompt, plen = jax.vmap(lambda a, al, b, bl: pack_segments([(a, al), (b, bl)], size=P, pad_id=pad))(
-            head, head_len, hist, hlen_u)
-        gen, lp, glen = sample_tokens(rt.actor_graphdef, params, prompt, plen, jax.random.fold_in(k_play, t), scfg)
+        if prefix is None:
+            prompt, plen = jax.vmap(lambda a, al, b, bl: pack_segments([(a, al), (b, bl)], size=P, pad_id=pad))(
+                head, head_len, hist, hlen_u)
+        else:
+            prompt, plen = hist, jnp.minimum(hlen_u, P - head_len)
+        gen, lp, glen = sample_tokens(rt.actor_graphdef, params, prompt, plen, jax.random.fold_in(k_play, t), scfg,
+                                      prefix=prefix)
         act = jax.vmap(rt.llm.answer_parser)(gen, glen)
         act = jnp.where(active, act, -1)
         new_states, _, r, d, info = jax.vmap(env.step)(states, act)
