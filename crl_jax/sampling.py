@@ -222,8 +222,10 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
         start = prefix.length.astype(jnp.int32)
         pos = pos + start[:, None]
     layers = None
-    if model.cfg.num_layers <= cfg.unroll_layers:  # sliced once, here; the barrier keeps XLA from sinking the
-        layers = jax.lax.optimization_barrier(model.layer_list(fused=True))  # slices back into the loop (a copy per step)
+    if model.cfg.num_layers <= cfg.unroll_layers:
+        # Sliced (and fused) once, here; the barrier keeps XLA from sinking the slices back into the decode loop,
+        # where each would be a copy per step.
+        layers = jax.lax.optimization_barrier(model.layer_list(fused=True))
     # Unembed only the last slot: [B, P, V] prefill logits would dominate memory for big vocabularies.
     h, cache = model(toks, positions=pos, attention_mask=valid, cache=cache, cache_index=Lh, return_hidden=True,
                      attn_block=cfg.attn_block, layers=layers)
