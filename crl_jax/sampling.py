@@ -280,7 +280,8 @@ def _generate_jit(graphdef, params, prompt, prompt_len, key, cfg, allowed_tokens
 
 
 def generate(model, prompt_tokens, prompt_lengths, key, *, max_new_tokens, temperature=1.0, top_p=1.0,
-             top_k=0, stop_tokens=(), allowed_tokens=None, pad_id=0, unroll_layers=8):
+             top_k=0, stop_tokens=(), allowed_tokens=None, pad_id=0,
+             unroll_layers=SamplerConfig.unroll_layers):
     """Sample N = max_new_tokens tokens after each prompt. See the module docstring.
 
     model: a Transformer or its (graphdef, params) split. prompt_tokens [B, P] int right-padded,

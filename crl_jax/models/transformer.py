@@ -136,8 +136,7 @@ class Transformer(nnx.Module):
         if attention_mask is None:
             attention_mask = jnp.ones((B, T), bool)
         attention_mask = attention_mask.astype(bool)
-        inv_freq_np, attn_factor = rope_inv_freq(cfg)
-        inv_freq = jnp.asarray(inv_freq_np)
+        inv_freq, attn_factor = self._rope()
         h = self.embed_tokens(tokens)
 
         lps = self.layer_params()
@@ -201,8 +200,7 @@ class Transformer(nnx.Module):
             key_valid = jnp.concatenate([prefix.valid, key_valid], axis=1)  # keys: prefix slots, then the new rows
             causal = jnp.concatenate([jnp.ones((1, T, Lp), bool), causal], axis=2)
         mask = key_valid[:, None, :] & causal
-        inv_freq_np, attn_factor = rope_inv_freq(cfg)
-        inv_freq = jnp.asarray(inv_freq_np)
+        inv_freq, attn_factor = self._rope()
         last = jnp.clip(lengths - 1, 0, T - 1)
         lps = self.layer_params()
         past = (None, None) if prefix is None else (prefix.k, prefix.v)
@@ -228,20 +226,23 @@ class Transformer(nnx.Module):
     def encode_prefix(self, tokens, lengths) -> "PrefixKV":
         """Keys and values of every layer for right-padded prefixes tokens [B, Lp] (lengths [B]), for
         `last_hidden(..., prefix=)`: what many prompts that start with the same text share is computed once."""
-        cfg = self.cfg
         B, Lp = tokens.shape
         t = jnp.arange(Lp)
         valid = t[None, :] < lengths[:, None]
         mask = valid[:, None, :] & (t[None, None, :] <= t[None, :, None])
         positions = jnp.broadcast_to(t.astype(jnp.int32), (B, Lp))
-        inv_freq_np, attn_factor = rope_inv_freq(cfg)
-        inv_freq = jnp.asarray(inv_freq_np)
+        inv_freq, attn_factor = self._rope()
 
         def block(h, lp):
             return self._layer(h, lp, positions, inv_freq, attn_factor, mask, return_kv=True)
 
         _, (k, v) = jax.lax.scan(block, self.embed_tokens(tokens), self.layer_params())
         return PrefixKV(k=k, v=v, valid=valid, length=lengths.astype(jnp.int32))
+
+    def _rope(self):
+        """(inverse frequencies [D/2] as a jax array, attention scaling) of this model's RoPE."""
+        inv_freq, attn_factor = rope_inv_freq(self.cfg)
+        return jnp.asarray(inv_freq), attn_factor
 
     def _layer(self, h, lp, positions, inv_freq, attn_factor, mask, *, query_at=None, past_kv=None,
                return_kv=False):
