@@ -64,8 +64,9 @@ class RolloutConfig:
     share_prefix: bool = False  # encode what every turn's prompt starts with once per episode and run only the
     #                             rest each turn: the tiny loop's task text (pays in the text view: its task line
     #                             is a third of the agentic benchmark's prompts; behaviour log-probs then match
-    #                             the learner's to ~1e-6, not exactly), the LLM loop's head (system text, tip,
-    #                             task; each turn prefills only the conversation so far)
+    #                             the learner's to ~1e-6, not exactly); the LLM loop's whole conversation (its
+    #                             keys and values carried from turn to turn: each turn prefills only its new user
+    #                             part, so every token of an episode is encoded once)
 
 
 @dataclass(frozen=True)

@@ -202,17 +202,8 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
     """
     chex.assert_rank([prompt, prompt_len], [2, 1])
     B, P = prompt.shape
-    N = cfg.max_new_tokens
-    model = tr.merge(graphdef, params)
-    if allowed_tokens is not None:
-        if allowed_tokens.ndim not in (1, 2, 3):
-            raise ValueError(f"allowed_tokens must be [V], [B, V] or [B, N, V], got {allowed_tokens.shape}")
-        allowed_tokens = allowed_tokens.astype(bool)
-    prompt_len = prompt_len.astype(jnp.int32)
-    toks, pos, valid = left_align(prompt.astype(jnp.int32), prompt_len, cfg.pad_id)
-
     Lh = 0 if prefix is None else prefix.valid.shape[1]  # prefix slots come first in the cache
-    cache = tr.init_cache(model.cfg, B, Lh + P + N)
+    cache = tr.init_cache(tr.merge(graphdef, params).cfg, B, Lh + P + cfg.max_new_tokens)
     start = jnp.zeros((B,), jnp.int32)  # each row's position of its first prompt token
     if prefix is not None:
         chex.assert_shape(prefix.valid, (B, Lh))
@@ -220,14 +211,41 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
                  "v": jax.lax.dynamic_update_slice(cache["v"], prefix.v.astype(cache["v"].dtype), (0, 0, 0, 0, 0)),
                  "valid": jax.lax.dynamic_update_slice(cache["valid"], prefix.valid, (0, 0))}
         start = prefix.length.astype(jnp.int32)
-        pos = pos + start[:, None]
+    out_t, out_lp, lengths, _ = continue_tokens(graphdef, params, cache, Lh, start, prompt, prompt_len, key, cfg,
+                                                allowed_tokens)
+    return out_t, out_lp, lengths
+
+
+def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key, cfg: SamplerConfig,
+                    allowed_tokens=None):
+    """`sample_tokens` on a cache that already holds each row's context: the prompt [B, P] (right-padded,
+    prompt_len [B]) is prefilled into slots at .. at+P-1 (left-aligned) and the reply decoded into slots
+    at+P .. at+P+N-1, attending over every valid slot before them. `at`: a slot (int or traced scalar);
+    `start` [B]: each row's position of its first prompt token (the number of tokens of context).
+
+    A multi-turn rollout carries the returned cache to the next turn, so every token of an episode is encoded
+    once (`rollout.share_prefix` in the LLM loop). Returns (tokens [B, N], logprobs [B, N], lengths [B], cache);
+    the cache's `valid` then marks exactly the prompt's tokens and each row's `lengths` reply tokens.
+    """
+    chex.assert_rank([prompt, prompt_len, start], [2, 1, 1])
+    B, P = prompt.shape
+    N = cfg.max_new_tokens
+    model = tr.merge(graphdef, params)
+    if allowed_tokens is not None:
+        if allowed_tokens.ndim not in (1, 2, 3):
+            raise ValueError(f"allowed_tokens must be [V], [B, V] or [B, N, V], got {allowed_tokens.shape}")
+        allowed_tokens = allowed_tokens.astype(bool)
+    prompt_len = prompt_len.astype(jnp.int32)
+    start = start.astype(jnp.int32)
+    toks, pos, valid = left_align(prompt.astype(jnp.int32), prompt_len, cfg.pad_id)
+    pos = pos + start[:, None]
     layers = None
     if model.cfg.num_layers <= cfg.unroll_layers:
         # Sliced (and fused) once, here; the barrier keeps XLA from sinking the slices back into the decode loop,
         # where each would be a copy per step.
         layers = jax.lax.optimization_barrier(model.layer_list(fused=True))
     # Unembed only the last slot: [B, P, V] prefill logits would dominate memory for big vocabularies.
-    h, cache = model(toks, positions=pos, attention_mask=valid, cache=cache, cache_index=Lh, return_hidden=True,
+    h, cache = model(toks, positions=pos, attention_mask=valid, cache=cache, cache_index=at, return_hidden=True,
                      attn_block=cfg.attn_block, layers=layers)
     logits = model.unembed(h[:, -1:])[:, 0]
     stops = jnp.asarray(cfg.stop_tokens, jnp.int32)
@@ -248,15 +266,15 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
         out_lp = jax.lax.dynamic_update_index_in_dim(out_lp, lp, i, axis=1)
         if cfg.stop_tokens:
             done = done | jnp.any(tok[:, None] == stops[None, :], axis=-1)
-        # Feed the token at slot Lh + P + i; its position continues each row's own count.
+        # Feed the token at slot at + P + i; its position continues each row's own count.
         new_pos = (start + prompt_len + i)[:, None]
         h, cache = model(tok[:, None], positions=new_pos, attention_mask=jnp.ones((B, 1), bool), cache=cache,
-                         cache_index=Lh + P + i, return_hidden=True, attn_block=cfg.attn_block, layers=layers)
+                         cache_index=at + P + i, return_hidden=True, attn_block=cfg.attn_block, layers=layers)
         return i + 1, model.unembed(h)[:, 0], cache, key, done, out_t, out_lp
 
     init = (jnp.int32(0), logits, cache, key, jnp.zeros((B,), bool),
             jnp.full((B, N), cfg.pad_id, jnp.int32), jnp.zeros((B, N), jnp.float32))
-    steps, _, _, _, done, out_t, out_lp = jax.lax.while_loop(cond, body, init)
+    steps, _, cache, _, done, out_t, out_lp = jax.lax.while_loop(cond, body, init)
     # A row's length: steps taken before it finished (its stop token included).
     if cfg.stop_tokens:
         is_stop = jnp.any(out_t[..., None] == stops, axis=-1)
@@ -264,7 +282,12 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
         lengths = jnp.where(is_stop.any(1), first + 1, steps)
     else:
         lengths = jnp.full((B,), steps)
-    return out_t, out_lp, lengths.astype(jnp.int32)
+    lengths = lengths.astype(jnp.int32)
+    # Every generated token was fed (its keys and values are in the cache); the padding fed after a row's stop
+    # token, and slots a loop that ended early never wrote, are not context.
+    reply_valid = jnp.arange(N)[None, :] < lengths[:, None]
+    cache = dict(cache, valid=jax.lax.dynamic_update_slice(cache["valid"], reply_valid, (0, at + P)))
+    return out_t, out_lp, lengths, cache
 
 
 def _split_model(model_or_pair):

@@ -84,10 +84,10 @@ def test_rollout_invalid_replies_count_and_leave_env_unchanged(rt):
     assert "A lesson written from earlier games" not in text  # free rollouts: no experience block
 
 
-def test_shared_head_rollouts_equal_the_whole_prompt_ones(rt):
-    """`rollout.share_prefix`: the head (system, task) encoded once per episode, each turn prefilling only the
-    conversation so far, plays what the whole-prompt path plays (greedy): the same replies, actions and
-    training rows, log-probs equal to float32 order. Timed on this 2-block model for RESULTS.md."""
+def test_carried_conversation_rollouts_equal_the_whole_prompt_ones(rt):
+    """`rollout.share_prefix`: the conversation's keys and values carried from turn to turn (the head encoded
+    once, each turn prefilling only its new user part) play what the whole-prompt path plays (greedy): the same
+    replies, actions and training rows, log-probs equal to float32 order. Timed on this 2-block model."""
     r, cfg = rt
     shared = dataclasses.replace(r, cfg=dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout,
                                                                                             share_prefix=True)))

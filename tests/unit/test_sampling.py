@@ -389,3 +389,42 @@ def test_sampling_after_an_encoded_prefix_equals_the_packed_prompt(model, temper
     np.testing.assert_array_equal(got[2], ref[2])
     np.testing.assert_allclose(got[1], ref[1], atol=1e-5)
     assert len(set(np.asarray(ref[0]).ravel().tolist())) > 2
+
+
+@pytest.mark.parametrize("unroll", [8, 0])
+def test_a_carried_cache_continues_the_conversation(model, unroll):
+    """`continue_tokens` on the cache the last turn returned (head encoded once, then per turn only the new user
+    part) samples what `sample_tokens` samples from the whole conversation packed into one prompt (same key):
+    the same tokens and lengths over two turns, log-probs equal to float32 order. Replies stop at different
+    lengths (a fifth of the vocabulary stops), so the cache holds masked slots between turns."""
+    gd, pa = model
+    cfg = S.SamplerConfig(max_new_tokens=N, temperature=1.0, stop_tokens=tuple(range(1, V, 5)), unroll_layers=unroll)
+    heads = [[5, 9, 2], [7], [4, 4, 4, 4]]
+    turns = [[[1, 4], [3, 3, 8], [11]], [[6], [2, 2], [9, 8, 7]]]
+    U = 3
+    head, head_len = batch(heads)
+    m = tr.merge(gd, pa)
+    pk = m.encode_prefix(head, head_len)
+    Hc = head.shape[1]
+    cache = tr.init_cache(m.cfg, len(heads), Hc + len(turns) * (U + N))
+    cache = {"k": cache["k"].at[:, :, :Hc].set(pk.k), "v": cache["v"].at[:, :, :Hc].set(pk.v),
+             "valid": cache["valid"].at[:, :Hc].set(pk.valid)}
+    cont = jax.jit(S.continue_tokens, static_argnums=(0, 8))
+    run = jax.jit(S.sample_tokens, static_argnums=(0, 5))
+    start, ctx, lengths = head_len, [list(h) for h in heads], []
+    for t, users in enumerate(turns):
+        u, ul = batch(users, U)
+        key = jax.random.key(10 + t)
+        got_t, got_lp, got_len, cache = cont(gd, pa, cache, Hc + t * (U + N), start, u, ul, key, cfg)
+        ref_t, ref_lp, ref_len = run(gd, pa, *batch([c + x for c, x in zip(ctx, users)]), key, cfg)
+        np.testing.assert_array_equal(got_t, ref_t)
+        np.testing.assert_array_equal(got_len, ref_len)
+        np.testing.assert_allclose(got_lp, ref_lp, atol=1e-5)
+        valid = np.asarray(cache["valid"][:, Hc + t * (U + N):])
+        for b in range(len(heads)):
+            n = int(ref_len[b])
+            ctx[b] += users[b] + np.asarray(ref_t[b, :n]).tolist()
+            assert valid[b, :U].sum() == len(users[b]) and valid[b, U:U + N].tolist() == [True] * n + [False] * (N - n)
+        start = start + ul + got_len
+        lengths += np.asarray(ref_len).tolist()
+    assert min(lengths) < N and len(set(lengths)) > 1  # replies that stopped early, at different lengths

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from crl_jax.actor.rollout import episode_reset_keys
 from crl_jax.backends.llm.prompt_pieces import actor_head, user_turn
 from crl_jax.models import transformer as tr
-from crl_jax.sampling import SamplerConfig, sample_tokens
+from crl_jax.sampling import SamplerConfig, continue_tokens, sample_tokens
 from crl_jax.text.packing import pack_segments
 
 
@@ -46,7 +46,7 @@ def _place(x, offset, size: int, fill):
     return out.at[offset + jnp.arange(x.shape[0])].set(x, mode="drop")
 
 
-def _append(buf, n, x, xn, _unused=None):
+def _append(buf, n, x, xn):
     """Append x[:xn] to buf[:n] (all [H]-shaped; x shorter) -> (buf, n + xn)."""
     i = jnp.arange(x.shape[0])
     pos = jnp.where(i < xn, n + i, buf.shape[0])
@@ -70,47 +70,60 @@ def play(rt, params, key, *, env, renderer, tasks, task_tokens, task_len, exp, e
     states, _ = jax.vmap(env.reset)(reset_keys, tasks)
     head, head_len = jax.vmap(lambda e, el, he, g, gl: actor_head(p, e, el, he, g, gl))(
         exp, exp_len, has_exp, task_tokens, task_len)
-    # rollout.share_prefix: the head (system text, tip, task) is encoded once per episode and every turn
-    # prefills only the history after it (cut where the packed [P] prompt would end, as there).
-    prefix = tr.merge(rt.actor_graphdef, params).encode_prefix(head, head_len) if cfg.rollout.share_prefix else None
+    # rollout.share_prefix: the conversation's keys and values are carried from turn to turn (every turn's prompt
+    # starts with the last turn's prompt and reply), so each token of an episode is encoded once: the head when
+    # the episode starts, then per turn only the new user part and the reply. Turn t owns the cache slots
+    # head_cap + t * (U + A) ..: its user part (U slots, left-aligned) and its reply (A slots); unused ones are
+    # masked and positions count only real tokens, so it plays what the packed whole-prompt path plays.
+    carried = cfg.rollout.share_prefix
+    user_part = lambda t, st, o, ol: pack_segments(user_turn(p, t, st, o, ol))  # noqa: E731
+    if carried:
+        one = jax.tree_util.tree_map(lambda x: x[0], states)
+        U = jax.eval_shape(lambda s: user_part(0, False, *renderer(s)), one)[0].shape[0]
+        model = tr.merge(rt.actor_graphdef, params)
+        pk = model.encode_prefix(head, head_len)
+        cache = tr.init_cache(model.cfg, N, p.head_cap + T * (U + A))
+        cache = {"k": jax.lax.dynamic_update_slice(cache["k"], pk.k.astype(cache["k"].dtype), (0,) * 5),
+                 "v": jax.lax.dynamic_update_slice(cache["v"], pk.v.astype(cache["v"].dtype), (0,) * 5),
+                 "valid": jax.lax.dynamic_update_slice(cache["valid"], pk.valid, (0, 0))}
+    else:
+        U, cache = 0, None
 
     def turn_fn(carry, t):
-        states, done, ret, succ, hist, hmask, hlogp, hlen, stopped = carry
+        states, done, ret, succ, hist, hmask, hlogp, hlen, stopped, cache = carry
         active = ~done
         obs, obs_len = jax.vmap(renderer)(states)
-
-        def add_user(h, n, st, o, ol, on):
-            u, ul = pack_segments(user_turn(p, t, st, o, ol))
-            return _append(h, n, u, jnp.where(on, ul, 0), None)
-
-        hist, hlen_u = jax.vmap(add_user)(hist, hlen, stopped, obs, obs_len, active)
-        if prefix is None:
+        u, ul = jax.vmap(lambda st, o, ol: user_part(t, st, o, ol))(stopped, obs, obs_len)
+        ul = jnp.where(active, ul, 0)
+        hist, hlen_u = jax.vmap(lambda h, n, x, xn: _append(h, n, x, xn))(hist, hlen, u, ul)
+        k_t = jax.random.fold_in(k_play, t)
+        if carried:
+            gen, lp, glen, cache = continue_tokens(rt.actor_graphdef, params, cache, p.head_cap + t * (U + A),
+                                                   head_len + hlen, u, ul, k_t, scfg)
+        else:
             prompt, plen = jax.vmap(lambda a, al, b, bl: pack_segments([(a, al), (b, bl)], size=P, pad_id=pad))(
                 head, head_len, hist, hlen_u)
-        else:
-            prompt, plen = hist, jnp.minimum(hlen_u, P - head_len)
-        gen, lp, glen = sample_tokens(rt.actor_graphdef, params, prompt, plen, jax.random.fold_in(k_play, t), scfg,
-                                      prefix=prefix)
+            gen, lp, glen = sample_tokens(rt.actor_graphdef, params, prompt, plen, k_t, scfg)
         act = jax.vmap(rt.llm.answer_parser)(gen, glen)
         act = jnp.where(active, act, -1)
         new_states, _, r, d, info = jax.vmap(env.step)(states, act)
         glen = jnp.where(active, glen, 0)
-        hist2, hlen2 = jax.vmap(lambda h, n, g, gl: _append(h, n, g, gl, None))(hist, hlen_u, gen, glen)
-        hmask, _ = jax.vmap(lambda h, n, gl: _append(h, n, jnp.ones((A,), bool), gl, None))(hmask, hlen_u, glen)
-        hlogp, _ = jax.vmap(lambda h, n, x, gl: _append(h, n, x, gl, None))(hlogp, hlen_u, lp, glen)
+        hist2, hlen2 = jax.vmap(lambda h, n, g, gl: _append(h, n, g, gl))(hist, hlen_u, gen, glen)
+        hmask, _ = jax.vmap(lambda h, n, gl: _append(h, n, jnp.ones((A,), bool), gl))(hmask, hlen_u, glen)
+        hlogp, _ = jax.vmap(lambda h, n, x, gl: _append(h, n, x, gl))(hlogp, hlen_u, lp, glen)
         last = jnp.take_along_axis(gen, jnp.maximum(glen - 1, 0)[:, None], axis=1)[:, 0]
         stopped = jnp.where(active, (glen > 0) & (last == eos), stopped)
         ret = ret + jnp.where(active, r, 0.0)
         succ = succ | (active & info["success"].astype(bool))
         done = done | d.astype(bool)
-        carry = (new_states, done, ret, succ, hist2, hmask, hlogp, hlen2, stopped)
+        carry = (new_states, done, ret, succ, hist2, hmask, hlogp, hlen2, stopped, cache)
         return carry, (obs, obs_len, act, active)
 
     zi = jnp.zeros((N,), jnp.int32)
     init = (states, jnp.zeros((N,), bool), jnp.zeros((N,), jnp.float32), jnp.zeros((N,), bool),
             jnp.full((N, H), pad, jnp.int32), jnp.zeros((N, H), bool), jnp.zeros((N, H), jnp.float32), zi,
-            jnp.zeros((N,), bool))
-    (_, _, ret, succ, hist, hmask, hlogp, hlen, _), (obs, obs_len, act, active) = jax.lax.scan(
+            jnp.zeros((N,), bool), cache)
+    (_, _, ret, succ, hist, hmask, hlogp, hlen, _, _), (obs, obs_len, act, active) = jax.lax.scan(
         turn_fn, init, jnp.arange(T))
     tokens, length = jax.vmap(lambda a, al, b, bl: pack_segments([(a, al), (b, bl)], size=P, pad_id=pad))(
         head, head_len, hist, hlen)
