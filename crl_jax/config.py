@@ -66,7 +66,8 @@ class RolloutConfig:
     #                             is a third of the agentic benchmark's prompts; behaviour log-probs then match
     #                             the learner's to ~1e-6, not exactly); the LLM loop's whole conversation (its
     #                             keys and values carried from turn to turn: each turn prefills only its new user
-    #                             part, so every token of an episode is encoded once)
+    #                             part, so every token of an episode is encoded once); each distinct start (task
+    #                             text / head) is encoded once, shared by the group's rollouts that have it
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from crl_jax.envs.actions import action_allowed_mask, token_to_action
 from crl_jax.models import transformer as tr
+from crl_jax.models.shared_prefix import encode_unique_prefixes
 from crl_jax.sampling import sample_logits
 from crl_jax.text.packing import pack_segments
 
@@ -127,7 +128,8 @@ def sample_turn(graphdef, params, seg: Segments, allowed, action_ids, k_play, t,
 
 def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tasks,
          task_tokens, task_len, exp, exp_len, has_exp, num_turns: int, temperature: float,
-         turn_marker: bool = True, reset_keys=None, share_prefix: bool = False) -> Episodes:
+         turn_marker: bool = True, reset_keys=None, share_prefix: bool = False,
+         prefix_block: int | None = None) -> Episodes:
     """Play N episodes. tasks [N] int32 (pool indices), task_tokens [N, Lt], exp [N, L], has_exp [N].
 
     action_ids [A]: the token of each action (the constrained action vocabulary).
@@ -136,7 +138,8 @@ def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tas
     every turn's prompt (`rollout.share_prefix`). It pays where the task text is a large part of the prompt (the
     text view's task line is a third of the agentic benchmark's prompts; the compact view's task is one token).
     The behaviour log-probs then equal the learner's recomputation over the whole prompt up to float32 order
-    (~1e-6), not bit for bit.
+    (~1e-6), not bit for bit. Each distinct task text is encoded once (`encode_unique_prefixes`: a group's K
+    rollouts share one encoding), `prefix_block` rows per encoding (default N; the loop passes its group count).
     Returns `Episodes` with T = num_turns turns.
     """
     chex.assert_rank([tasks, task_tokens, exp, has_exp], [1, 2, 2, 1])
@@ -146,7 +149,9 @@ def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tas
     k_play = jax.random.fold_in(key, 1)
     reset_keys = episode_reset_keys(key, N) if reset_keys is None else reset_keys
     states, _ = jax.vmap(env.reset)(reset_keys, tasks)
-    prefix = tr.merge(graphdef, params).encode_prefix(task_tokens, task_len) if share_prefix else None
+    prefix = None
+    if share_prefix:
+        prefix = encode_unique_prefixes(tr.merge(graphdef, params), task_tokens, task_len, prefix_block or N)
 
     def turn_fn(carry, t):
         states, done, ret, succ = carry

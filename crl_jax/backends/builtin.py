@@ -26,7 +26,8 @@ def play_episodes(rt, state, p, key):
     return play(state.actor.graphdef, state.actor.params, rt.env, rt.renderer, rt.tiny.seg, rt.tiny.action_ids, key,
                 tasks=p.tasks, task_tokens=p.task_tokens, task_len=p.task_len, exp=p.exp, exp_len=p.exp_len,
                 has_exp=p.has_exp, num_turns=rt.num_turns, temperature=rt.cfg.actor.temperature,
-                turn_marker=rt.cfg.rollout.turn_marker, share_prefix=rt.cfg.rollout.share_prefix)
+                turn_marker=rt.cfg.rollout.turn_marker, share_prefix=rt.cfg.rollout.share_prefix,
+                prefix_block=rt.cfg.rollout.groups)
 
 
 def extractor_batch(rt, buffer, step, ready, key):

@@ -11,7 +11,9 @@ env's levels for tasks 0..n-1 are sent to the Tunix side), `turns` = the env's m
 prompt text per turn ("current" history: task line, `t=<turn>`, the rendered lake, `Action: `) and one
 constrained action token per turn sampled at temperature 1.
 - Ours: one jitted `play` — all episodes in lock-step, `lax.scan` over turns, envs vmapped; the task line's
-  keys and values encoded once per episode (`share_prefix`) and a forward over the rest of each turn's prompt
+  keys and values encoded once per distinct task text (`share_prefix`; every episode here has the same task line,
+  so, with rows in groups of 8 as the loop's `prefix_block` would have them, it is one encoding of up to 8 rows)
+  and a forward over the rest of each turn's prompt
   (`--whole-prompt`: the whole prompt every turn, as before #16). Finished episodes keep running (masked)
   until `turns`.
 - Tunix: `TrajectoryCollectEngine.collect_multiple` (what its agentic learner runs per group) over
@@ -80,13 +82,14 @@ def setup(turns: int):
 
 def ours_fn(gd, env, tok, renderer, a_ids, seg, n, turns, share_prefix=True):
     """Our jitted `play` of n episodes (tasks 0..n-1) -> fn(params, key) -> Episodes. `share_prefix`: the task
-    line is encoded once per episode (`rollout.share_prefix`); False: every turn runs the whole prompt."""
+    line is encoded once per distinct text (`rollout.share_prefix`); False: every turn runs the whole prompt."""
     task_text = env.task_text + "\n"
     ttok, tlen = _rows(tok, [task_text] * n)
     return jax.jit(lambda params, key: play(
         gd, params, env, renderer, seg, a_ids, key, tasks=jnp.arange(n, dtype=jnp.int32), task_tokens=ttok,
         task_len=tlen, exp=jnp.zeros((n, 1), jnp.int32), exp_len=jnp.zeros((n,), jnp.int32),
-        has_exp=jnp.zeros((n,), bool), num_turns=turns, temperature=1.0, share_prefix=share_prefix))
+        has_exp=jnp.zeros((n,), bool), num_turns=turns, temperature=1.0, share_prefix=share_prefix,
+        prefix_block=max(1, n // 8)))
 
 
 def ours_call(fn, pa, n, turns, seed) -> dict:
@@ -183,16 +186,21 @@ def main(argv=None):
     share = not a.whole_prompt
     fns = {n: ours_fn(gd, env, tok, renderer, a_ids, seg, n, a.turns, share) for n in counts}
     P = int(jax.eval_shape(fns[counts[0]], pa, jax.random.key(0)).prompts.shape[2])  # the packed prompt width
-    Lp = len(tok.encode(env.task_text + "\n")) if share else 0  # the task line, encoded once per episode
+    Lp = len(tok.encode(env.task_text + "\n")) if share else 0  # the task line, one encoding of n // 8 rows
+    # (every episode has this task line: each row of the one encoding stands for n / (n // 8) episodes; the
+    # smallest over the counts is used, so ours is never under-counted)
+    shared_by = min(n / max(1, n // 8) for n in counts) if share else 1
     holes = np.asarray(jax.vmap(env.task_level)(jnp.arange(max(counts), dtype=jnp.int32)).holes)
     msgs = dict(start=env.env_messages[0], blocked=env.env_messages[1], hole=env.env_messages[2],
                 goal=env.env_messages[3], invalid="That is not a valid action.")
     assert msgs["invalid"] in env.messages, env.messages
-    flops = {side: tc.turn_flops(shape, P, side, prefix_len=Lp, turns=a.turns) for side in ("ours", "tunix")}
+    flops = {side: tc.turn_flops(shape, P, side, prefix_len=Lp, turns=a.turns, prefix_shared_by=shared_by)
+             for side in ("ours", "tunix")}
     peak = matmul_gflops()
     rate = (f"float32 matmul rate (jitted 2048^3, median of 5): {peak:.1f} GFLOP/s; matmul FLOP per turn at P={P}: "
             f"ours {flops['ours'] / 1e6:.2f} M (every one of episodes x {a.turns} turns, finished ones masked; "
-            + (f"the {Lp}-token task line encoded once per episode), " if Lp else "whole prompt every turn), ") +
+            + (f"the {Lp}-token task line encoded once per {shared_by:g} episodes), " if Lp else
+               "whole prompt every turn), ") +
             f"Tunix {flops['tunix'] / 1e6:.2f} M (per played turn)")
     print(rate, flush=True)
     worker_setup = dict(kind="agentic", shape=shape, seed=a.seed, max_steps=a.turns, prompt_len=P,

@@ -223,15 +223,17 @@ def speedups(row, num: str, den: str) -> list[float]:
     return [d["seconds"] / n["seconds"] for n, d in zip(row["runs"][num], row["runs"][den])]
 
 
-def turn_flops(shape: dict, prompt_len: int, side: str, prefix_len: int = 0, turns: int = 1) -> float:
+def turn_flops(shape: dict, prompt_len: int, side: str, prefix_len: int = 0, turns: int = 1,
+               prefix_shared_by: float = 1) -> float:
     """Matmul FLOPs (2 per multiply-add) of one played agentic turn: one action token after a prompt of
     P = prompt_len slots (both sides run the padded P; softmax, norms and RoPE are not counted).
 
     - "ours" (`Transformer.last_hidden`): layers 0..L-2 over all P rows (scores P x P); the last layer
       projects q/k/v for all P rows but runs attention, o_proj and the MLP for the last row only; the
       unembedding of that one row. With `prefix_len` = Lp > 0 (`play(share_prefix=True)`), the task text's Lp
-      rows are encoded once per episode (all L layers, counted here as 1 / `turns` of it per turn) and every
-      turn runs the other P - Lp rows only, their queries attending over all P keys.
+      rows are encoded once per `prefix_shared_by` episodes (all L layers, counted here as
+      1 / (`turns` x `prefix_shared_by`) of it per turn) and every turn runs the other P - Lp rows only, their
+      queries attending over all P keys.
     - "tunix" (vanilla `Sampler`, max_generation_steps=1, cache of P + 1 slots): a prefill of all L layers
       over P rows attending over the P + 1 cache slots, the unembedding of all P rows (Llama3 has no
       decode_only_last_token), then ONE decode step (its while loop runs while step < P + 1: a 1-row
@@ -250,7 +252,7 @@ def turn_flops(shape: dict, prompt_len: int, side: str, prefix_len: int = 0, tur
         R = P - Lp  # rows run every turn
         per_episode = L * (2 * Lp * (qkv + o + mlp) + att(Lp, Lp))
         return ((L - 1) * (2 * R * (qkv + o + mlp) + att(R, P)) + 2 * R * qkv + 2 * (o + mlp) + att(1, P)
-                + 2 * H * V + per_episode / int(turns))
+                + 2 * H * V + per_episode / (int(turns) * prefix_shared_by))
     if side == "tunix":
         S = P + 1
         prefill = L * (2 * P * (qkv + o + mlp) + att(P, S)) + 2 * P * H * V

@@ -86,20 +86,21 @@ def test_rollout_invalid_replies_count_and_leave_env_unchanged(rt):
 
 def test_carried_conversation_rollouts_equal_the_whole_prompt_ones(rt):
     """`rollout.share_prefix`: the conversation's keys and values carried from turn to turn (the head encoded
-    once, each turn prefilling only its new user part) play what the whole-prompt path plays (greedy): the same
+    once per distinct head, each turn prefilling only its new user part) play what the whole-prompt path plays (greedy): the same
     replies, actions and training rows, log-probs equal to float32 order. Timed on this 2-block model."""
     r, cfg = rt
     shared = dataclasses.replace(r, cfg=dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout,
                                                                                             share_prefix=True)))
     params = tr.split(tr.create(r.actor_config, jax.random.key(2)))[1]
     N = 4
-    tasks = jnp.arange(N, dtype=jnp.int32) % 4
+    tasks = jnp.array([0, 0, 1, 2], jnp.int32)  # two rollouts share a head: encoded once
     kw = dict(tasks=tasks, task_tokens=r.train_task_tokens[tasks], task_len=r.train_task_len[tasks],
               exp=jnp.zeros((N, cfg.bank.entry_len), jnp.int32), exp_len=jnp.zeros((N,), jnp.int32),
               has_exp=jnp.zeros((N,), bool), temperature=0.0)
     eps = {}
     for name, runtime in (("whole", r), ("shared", shared)):
-        f = jax.jit(lambda p, k, runtime=runtime: play(runtime, p, k, env=runtime.env, renderer=runtime.renderer, **kw))
+        f = jax.jit(lambda p, k, runtime=runtime: play(runtime, p, k, env=runtime.env, renderer=runtime.renderer,
+                                                       prefix_block=2, **kw))
         jax.block_until_ready(f(params, jax.random.key(0)))
         t0 = time.perf_counter()
         eps[name] = jax.block_until_ready(f(params, jax.random.key(0)))

@@ -117,8 +117,8 @@ def test_free_rollouts_never_see_bank_content():
 
 
 def test_shared_prefix_rollouts_equal_the_whole_prompt_ones():
-    """`play(share_prefix=True)` (task text encoded once per episode) plays what the whole-prompt path plays in
-    the text view: the same prompts, action tokens and turns under one key at temperature 1, and behaviour
+    """`play(share_prefix=True)` (each distinct task text encoded once, 2 per encoding, for rollouts in groups
+    of 1-3 on a task) plays what the whole-prompt path plays in the text view: the same prompts, action tokens and turns under one key at temperature 1, and behaviour
     log-probs equal to ~1e-6; a host env refuses the option by name."""
     from crl_jax.actor.rollout import play
     from crl_jax.config import ConfigError
@@ -127,11 +127,12 @@ def test_shared_prefix_rollouts_equal_the_whole_prompt_ones():
     rt = build(cfg)
     state = loop.init_state(rt, jax.random.key(0), cfg)
     n = 6
-    tasks = jnp.arange(n, dtype=jnp.int32) % rt.train_task_tokens.shape[0]
+    tasks = jnp.array([0, 0, 1, 2, 2, 2], jnp.int32) % rt.train_task_tokens.shape[0]
     kw = dict(tasks=tasks, task_tokens=rt.train_task_tokens[tasks], task_len=rt.train_task_len[tasks],
               exp=jnp.zeros((n, cfg.bank.entry_len), jnp.int32), exp_len=jnp.zeros((n,), jnp.int32),
-              has_exp=jnp.zeros((n,), bool), num_turns=rt.num_turns, temperature=1.0)
+              has_exp=jnp.zeros((n,), bool), num_turns=rt.num_turns, temperature=1.0, prefix_block=2)
     assert int(rt.train_task_len.min()) > 5  # the text view's task line: a real prefix
+    assert len({tuple(r) for r in np.asarray(rt.train_task_tokens[tasks]).tolist()}) == 3  # 3 distinct task texts
     run = lambda share: jax.jit(lambda p: play(state.actor.graphdef, p, rt.env, rt.renderer, rt.tiny.seg,  # noqa: E731
                                                rt.tiny.action_ids, jax.random.key(3), share_prefix=share, **kw)
                                 )(state.actor.params)

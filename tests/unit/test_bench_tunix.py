@@ -127,6 +127,9 @@ def test_turn_flops_hand_counted():
     # 4992; layer 1 q/k/v 2*3*256 = 1536; o + MLP, 1 x 5 attention and unembedding as above), plus a quarter of
     # the prefix (2 layers x (2*2*672 + 64*2*2) = 5888 per episode).
     assert tc.turn_flops(SHAPE, 5, "ours", prefix_len=2, turns=4) == 4992 + 1536 + 832 + 320 + 176 + 5888 / 4
+    # ... and that prefix encoded once for every 8 episodes (one encoding per distinct task text)
+    assert tc.turn_flops(SHAPE, 5, "ours", prefix_len=2, turns=4, prefix_shared_by=8) == (
+        4992 + 1536 + 832 + 320 + 176 + 5888 / 32)
     # Tunix: prefill of 2 layers over 5 rows against 6 cache slots (2 * (6720 + 64*5*6)), unembedding of
     # 5 rows (2*5*8*11 = 880), one decode step (2 * (2*672 + 64*6)) and its unembedding (176).
     assert tc.turn_flops(SHAPE, 5, "tunix") == 2 * (6720 + 1920) + 880 + 2 * (1344 + 384) + 176

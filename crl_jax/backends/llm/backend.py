@@ -33,7 +33,7 @@ from crl_jax.models import transformer as tr
 def play_episodes(rt, state, p, key):
     return play(rt, adapters.actor_params(state), key, env=rt.env, renderer=rt.renderer, tasks=p.tasks,
                 task_tokens=p.task_tokens, task_len=p.task_len, exp=p.exp, exp_len=p.exp_len, has_exp=p.has_exp,
-                temperature=rt.cfg.actor.temperature)
+                temperature=rt.cfg.actor.temperature, prefix_block=rt.cfg.rollout.groups)
 
 
 def actor_batch(rt, ep: LLMEpisodes, guided, split, key=None):

@@ -19,6 +19,6 @@ def evaluate_pool(rt, state, *, heldout: bool):
     temp = 0.0 if cfg.eval.greedy else cfg.actor.temperature
     ep = play(rt, actor_params(state), key, env=env, renderer=renderer, tasks=two(tasks), task_tokens=two(tt),
               task_len=two(tl), exp=two(exp), exp_len=two(exp_len), has_exp=jnp.concatenate([has, jnp.zeros_like(has)]),
-              temperature=temp, reset_keys=two(episode_reset_keys(key, n)))
+              temperature=temp, reset_keys=two(episode_reset_keys(key, n)), prefix_block=n)
     s = ep.success.astype(jnp.float32)
     return s[:n].mean(), s[n:].mean()

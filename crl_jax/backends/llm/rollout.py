@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from crl_jax.actor.rollout import episode_reset_keys
 from crl_jax.backends.llm.prompt_pieces import actor_head, user_turn
 from crl_jax.models import transformer as tr
+from crl_jax.models.shared_prefix import encode_unique_prefixes
 from crl_jax.sampling import SamplerConfig, continue_tokens, sample_tokens
 from crl_jax.text.packing import pack_segments
 
@@ -54,8 +55,9 @@ def _append(buf, n, x, xn):
 
 
 def play(rt, params, key, *, env, renderer, tasks, task_tokens, task_len, exp, exp_len, has_exp,
-         temperature: float, reset_keys=None) -> LLMEpisodes:
-    """Play N episodes. tasks [N], task_tokens [N, Lt], exp [N, Le], has_exp [N]."""
+         temperature: float, reset_keys=None, prefix_block: int | None = None) -> LLMEpisodes:
+    """Play N episodes. tasks [N], task_tokens [N, Lt], exp [N, Le], has_exp [N]. `prefix_block`: with
+    `rollout.share_prefix`, each distinct head is encoded once, this many heads per encoding (default N)."""
     chex.assert_rank([tasks, task_tokens, exp, has_exp], [1, 2, 2, 1])
     cfg = rt.cfg
     p = rt.llm.actor_pieces
@@ -81,7 +83,7 @@ def play(rt, params, key, *, env, renderer, tasks, task_tokens, task_len, exp, e
         one = jax.tree_util.tree_map(lambda x: x[0], states)
         U = jax.eval_shape(lambda s: user_part(0, False, *renderer(s)), one)[0].shape[0]
         model = tr.merge(rt.actor_graphdef, params)
-        pk = model.encode_prefix(head, head_len)
+        pk = encode_unique_prefixes(model, head, head_len, prefix_block or N)  # a group's equal heads: one encoding
         cache = tr.init_cache(model.cfg, N, p.head_cap + T * (U + A))
         cache = {"k": jax.lax.dynamic_update_slice(cache["k"], pk.k.astype(cache["k"].dtype), (0,) * 5),
                  "v": jax.lax.dynamic_update_slice(cache["v"], pk.v.astype(cache["v"].dtype), (0,) * 5),
