@@ -226,10 +226,16 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
     A multi-turn rollout carries the returned cache to the next turn, so every token of an episode is encoded
     once (`rollout.share_prefix` in the LLM loop). Returns (tokens [B, N], logprobs [B, N], lengths [B], cache);
     the cache's `valid` then marks exactly the prompt's tokens and each row's `lengths` reply tokens.
+    The cache must have at + P + N slots (checked when `at` is a Python int; a traced `at` past the end would
+    make XLA clamp the writes).
     """
     chex.assert_rank([prompt, prompt_len, start], [2, 1, 1])
     B, P = prompt.shape
     N = cfg.max_new_tokens
+    S = cache["valid"].shape[1]
+    if isinstance(at, int) and at + P + N > S:
+        raise ValueError(f"continue_tokens: slots {at} .. {at + P + N - 1} (prompt {P} + reply {N}) do not fit a "
+                         f"cache of {S} slots")
     model = tr.merge(graphdef, params)
     if allowed_tokens is not None:
         if allowed_tokens.ndim not in (1, 2, 3):

@@ -428,3 +428,5 @@ def test_a_carried_cache_continues_the_conversation(model, unroll):
         start = start + ul + got_len
         lengths += np.asarray(ref_len).tolist()
     assert min(lengths) < N and len(set(lengths)) > 1  # replies that stopped early, at different lengths
+    with pytest.raises(ValueError, match="do not fit"):  # a turn past the cache's end is refused, not clamped
+        S.continue_tokens(gd, pa, cache, Hc + len(turns) * (U + N) - N, start, u, ul, key, cfg)
