@@ -189,7 +189,8 @@ def left_align(prompt, prompt_len, pad_id=0):
     return tokens.astype(jnp.int32), positions, valid
 
 
-def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig, allowed_tokens=None, prefix=None):
+def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig, allowed_tokens=None, prefix=None,
+                  live=None):
     """Pure prefill + decode. prompt [B, P] int (right-padded), prompt_len [B] (1 <= len <= P; a row of
     length 0 has nothing to condition on and yields meaningless tokens).
 
@@ -198,6 +199,9 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
     cache's first slots and the prompt continues at the prefix's length, so only the prompt is prefilled.
 
     allowed_tokens: None or bool [V], [B, V] (same mask every step) or [B, N, V] (per step).
+    live: None or bool [B]: rows that are False generate nothing (pad tokens, log-prob 0, length 0) and do not
+    keep the decode loop running, which stops once every live row has stopped (e.g. the finished episodes of a
+    lock-step multi-turn rollout).
     Returns tokens [B, N] int32, logprobs [B, N] float32, lengths [B] int32 (N = cfg.max_new_tokens).
     """
     chex.assert_rank([prompt, prompt_len], [2, 1])
@@ -212,16 +216,17 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
                  "valid": jax.lax.dynamic_update_slice(cache["valid"], prefix.valid, (0, 0))}
         start = prefix.length.astype(jnp.int32)
     out_t, out_lp, lengths, _ = continue_tokens(graphdef, params, cache, Lh, start, prompt, prompt_len, key, cfg,
-                                                allowed_tokens)
+                                                allowed_tokens, live)
     return out_t, out_lp, lengths
 
 
 def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key, cfg: SamplerConfig,
-                    allowed_tokens=None):
+                    allowed_tokens=None, live=None):
     """`sample_tokens` on a cache that already holds each row's context: the prompt [B, P] (right-padded,
     prompt_len [B]) is prefilled into slots at .. at+P-1 (left-aligned) and the reply decoded into slots
     at+P .. at+P+N-1, attending over every valid slot before them. `at`: a slot (int or traced scalar);
-    `start` [B]: each row's position of its first prompt token (the number of tokens of context).
+    `start` [B]: each row's position of its first prompt token (the number of tokens of context). `live`: as in
+    `sample_tokens`.
 
     A multi-turn rollout carries the returned cache to the next turn, so every token of an episode is encoded
     once (`rollout.share_prefix` in the LLM loop). Returns (tokens [B, N], logprobs [B, N], lengths [B], cache);
@@ -278,7 +283,8 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
                          cache_index=at + P + i, return_hidden=True, attn_block=cfg.attn_block, layers=layers)
         return i + 1, model.unembed(h)[:, 0], cache, key, done, out_t, out_lp
 
-    init = (jnp.int32(0), logits, cache, key, jnp.zeros((B,), bool),
+    dead = jnp.zeros((B,), bool) if live is None else ~live.astype(bool)
+    init = (jnp.int32(0), logits, cache, key, dead,
             jnp.full((B, N), cfg.pad_id, jnp.int32), jnp.zeros((B, N), jnp.float32))
     steps, _, cache, _, done, out_t, out_lp = jax.lax.while_loop(cond, body, init)
     # A row's length: steps taken before it finished (its stop token included).
@@ -288,7 +294,7 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
         lengths = jnp.where(is_stop.any(1), first + 1, steps)
     else:
         lengths = jnp.full((B,), steps)
-    lengths = lengths.astype(jnp.int32)
+    lengths = jnp.where(dead, 0, lengths).astype(jnp.int32)
     # Every generated token was fed (its keys and values are in the cache); the padding fed after a row's stop
     # token, and slots a loop that ended early never wrote, are not context.
     reply_valid = jnp.arange(N)[None, :] < lengths[:, None]

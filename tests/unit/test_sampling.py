@@ -430,3 +430,31 @@ def test_a_carried_cache_continues_the_conversation(model, unroll):
     assert min(lengths) < N and len(set(lengths)) > 1  # replies that stopped early, at different lengths
     with pytest.raises(ValueError, match="do not fit"):  # a turn past the cache's end is refused, not clamped
         S.continue_tokens(gd, pa, cache, Hc + len(turns) * (U + N) - N, start, u, ul, key, cfg)
+
+
+def test_rows_that_are_not_live_generate_nothing_and_do_not_hold_the_loop(model):
+    """live=False rows give pad tokens, log-prob 0 and length 0, the live rows sample what they sample without
+    the mask, and the decode loop ends when the live rows have stopped: the cache's last reply slot is written
+    when the (never stopping) middle row is live and left unwritten when it is not."""
+    gd, pa = model
+    prompt, plen = batch(PROMPTS)
+    greedy = S.SamplerConfig(max_new_tokens=N, temperature=0.0)
+    t0 = np.asarray(jax.jit(S.sample_tokens, static_argnums=(0, 5))(gd, pa, prompt, plen, jax.random.key(0),
+                                                                   greedy)[0])
+    dead_row = set(t0[1].tolist())
+    stops = {next(int(x) for x in t0[r][:N - 1] if int(x) not in dead_row) for r in (0, 2)}
+    cfg = S.SamplerConfig(max_new_tokens=N, temperature=0.0, stop_tokens=tuple(sorted(stops)))
+    m = tr.merge(gd, pa)
+    cache = tr.init_cache(m.cfg, 3, prompt.shape[1] + N)
+    run = jax.jit(S.continue_tokens, static_argnums=(0, 8))
+    start = jnp.zeros((3,), jnp.int32)
+    ref = run(gd, pa, cache, 0, start, prompt, plen, jax.random.key(0), cfg, None, None)
+    got = run(gd, pa, cache, 0, start, prompt, plen, jax.random.key(0), cfg, None, jnp.array([True, False, True]))
+    for r in (0, 2):
+        np.testing.assert_array_equal(got[0][r], ref[0][r])
+        assert int(got[2][r]) == int(ref[2][r]) < N
+    assert np.asarray(got[0][1]).tolist() == [0] * N and int(got[2][1]) == 0 and not np.asarray(got[1][1]).any()
+    assert int(ref[2][1]) == N  # live, the middle row never stops ...
+    last = prompt.shape[1] + N - 1
+    assert np.abs(np.asarray(ref[3]["k"][:, :, last])).sum() > 0  # ... so its loop wrote the last slot
+    assert np.abs(np.asarray(got[3]["k"][:, :, last])).sum() == 0  # without it the loop ended early

@@ -99,13 +99,14 @@ def play(rt, params, key, *, env, renderer, tasks, task_tokens, task_len, exp, e
         ul = jnp.where(active, ul, 0)
         hist, hlen_u = jax.vmap(lambda h, n, x, xn: _append(h, n, x, xn))(hist, hlen, u, ul)
         k_t = jax.random.fold_in(k_play, t)
+        # Finished episodes generate nothing (live=active): the decode loop ends once every playing reply stopped.
         if carried:
             gen, lp, glen, cache = continue_tokens(rt.actor_graphdef, params, cache, p.head_cap + t * (U + A),
-                                                   head_len + hlen, u, ul, k_t, scfg)
+                                                   head_len + hlen, u, ul, k_t, scfg, live=active)
         else:
             prompt, plen = jax.vmap(lambda a, al, b, bl: pack_segments([(a, al), (b, bl)], size=P, pad_id=pad))(
                 head, head_len, hist, hlen_u)
-            gen, lp, glen = sample_tokens(rt.actor_graphdef, params, prompt, plen, k_t, scfg)
+            gen, lp, glen = sample_tokens(rt.actor_graphdef, params, prompt, plen, k_t, scfg, live=active)
         act = jax.vmap(rt.llm.answer_parser)(gen, glen)
         act = jnp.where(active, act, -1)
         new_states, _, r, d, info = jax.vmap(env.step)(states, act)
