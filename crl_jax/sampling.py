@@ -207,14 +207,11 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
     chex.assert_rank([prompt, prompt_len], [2, 1])
     B, P = prompt.shape
     Lh = 0 if prefix is None else prefix.valid.shape[1]  # prefix slots come first in the cache
-    cache = tr.init_cache(tr.merge(graphdef, params).cfg, B, Lh + P + cfg.max_new_tokens)
-    start = jnp.zeros((B,), jnp.int32)  # each row's position of its first prompt token
     if prefix is not None:
         chex.assert_shape(prefix.valid, (B, Lh))
-        cache = {"k": jax.lax.dynamic_update_slice(cache["k"], prefix.k.astype(cache["k"].dtype), (0, 0, 0, 0, 0)),
-                 "v": jax.lax.dynamic_update_slice(cache["v"], prefix.v.astype(cache["v"].dtype), (0, 0, 0, 0, 0)),
-                 "valid": jax.lax.dynamic_update_slice(cache["valid"], prefix.valid, (0, 0))}
-        start = prefix.length.astype(jnp.int32)
+    cache = tr.init_cache(tr.merge(graphdef, params).cfg, B, Lh + P + cfg.max_new_tokens, prefix=prefix)
+    # each row's position of its first prompt token
+    start = jnp.zeros((B,), jnp.int32) if prefix is None else prefix.length.astype(jnp.int32)
     out_t, out_lp, lengths, _ = continue_tokens(graphdef, params, cache, Lh, start, prompt, prompt_len, key, cfg,
                                                 allowed_tokens, live)
     return out_t, out_lp, lengths

@@ -330,11 +330,17 @@ class PrefixKV(NamedTuple):
     length: jax.Array  # [B] int32 prefix tokens (the first new token's position)
 
 
-def init_cache(cfg: TransformerConfig, batch: int, max_len: int, dtype=None) -> dict:
-    """Empty KV cache: k, v [L, B, S, Hkv, D] and the slot validity mask [B, S]."""
+def init_cache(cfg: TransformerConfig, batch: int, max_len: int, dtype=None, prefix: PrefixKV | None = None) -> dict:
+    """Empty KV cache: k, v [L, B, S, Hkv, D] and the slot validity mask [B, S]; with `prefix` (`encode_prefix`)
+    its keys and values fill the first slots."""
     dt = as_dtype(dtype or cfg.param_dtype)
     shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.dim_head)
-    return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt), "valid": jnp.zeros((batch, max_len), bool)}
+    cache = {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt), "valid": jnp.zeros((batch, max_len), bool)}
+    if prefix is not None:
+        at = lambda x, y: jax.lax.dynamic_update_slice(x, y.astype(x.dtype), (0,) * x.ndim)  # noqa: E731
+        cache = {"k": at(cache["k"], prefix.k), "v": at(cache["v"], prefix.v),
+                 "valid": at(cache["valid"], prefix.valid)}
+    return cache
 
 
 def create(cfg: TransformerConfig, key) -> Transformer:

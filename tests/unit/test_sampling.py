@@ -406,9 +406,7 @@ def test_a_carried_cache_continues_the_conversation(model, unroll):
     m = tr.merge(gd, pa)
     pk = m.encode_prefix(head, head_len)
     Hc = head.shape[1]
-    cache = tr.init_cache(m.cfg, len(heads), Hc + len(turns) * (U + N))
-    cache = {"k": cache["k"].at[:, :, :Hc].set(pk.k), "v": cache["v"].at[:, :, :Hc].set(pk.v),
-             "valid": cache["valid"].at[:, :Hc].set(pk.valid)}
+    cache = tr.init_cache(m.cfg, len(heads), Hc + len(turns) * (U + N), prefix=pk)
     cont = jax.jit(S.continue_tokens, static_argnums=(0, 8))
     run = jax.jit(S.sample_tokens, static_argnums=(0, 5))
     start, ctx, lengths = head_len, [list(h) for h in heads], []

@@ -8,6 +8,10 @@ end-of-turn token, or with a prefilled `<answer>` after its `</answer>`); the mo
 no valid move is the invalid action -1, which consumes the turn and leaves the env unchanged. The
 reply tokens, their behaviour log-probs and a loss mask are appended to the history, so the final
 history *is* the training row: every reply is trained in the context it was generated in.
+
+With `rollout.share_prefix` (on in the LLM configs) the prompt is not re-packed and re-prefilled each turn: one KV
+cache per episode is carried through the scan (the head encoded once per distinct head, then each turn's user
+part and reply written after what came before), and it plays what the packed prompt plays.
 """
 
 from __future__ import annotations
@@ -84,10 +88,7 @@ def play(rt, params, key, *, env, renderer, tasks, task_tokens, task_len, exp, e
         U = jax.eval_shape(lambda s: user_part(0, False, *renderer(s)), one)[0].shape[0]
         model = tr.merge(rt.actor_graphdef, params)
         pk = encode_unique_prefixes(model, head, head_len, prefix_block or N)  # a group's equal heads: one encoding
-        cache = tr.init_cache(model.cfg, N, p.head_cap + T * (U + A))
-        cache = {"k": jax.lax.dynamic_update_slice(cache["k"], pk.k.astype(cache["k"].dtype), (0,) * 5),
-                 "v": jax.lax.dynamic_update_slice(cache["v"], pk.v.astype(cache["v"].dtype), (0,) * 5),
-                 "valid": jax.lax.dynamic_update_slice(cache["valid"], pk.valid, (0, 0))}
+        cache = tr.init_cache(model.cfg, N, p.head_cap + T * (U + A), prefix=pk)
     else:
         U, cache = 0, None
 
