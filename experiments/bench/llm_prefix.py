@@ -5,7 +5,7 @@
 The LLM path's `play` (crl_jax.backends.llm.rollout) on the SmolLM2-135M shape (random weights, the first
 `--layers` blocks, float32), the real SmolLM2 tokenizer, chat template and prompts of experiments/configs/
 smollm2_room.yaml, greedy: `whole` prefills head + conversation at every turn (the path before #16), `shared`
-encodes the head (system text, task) once per episode and carries the conversation's keys and values from turn
+encodes the head (system text, task) once per distinct head and carries the conversation's keys and values from turn
 to turn, so each turn prefills only its new user part (`continue_tokens`). Prints the head and
 prompt widths, ms per call of each and the per-call ratio whole / shared (min / median / max); the two play the
 same replies (checked). `--group-size K`: the episodes come in groups of K on one task (as a GRPO step's), so

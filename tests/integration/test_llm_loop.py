@@ -86,8 +86,9 @@ def test_rollout_invalid_replies_count_and_leave_env_unchanged(rt):
 
 def test_carried_conversation_rollouts_equal_the_whole_prompt_ones(rt):
     """`rollout.share_prefix`: the conversation's keys and values carried from turn to turn (the head encoded
-    once per distinct head, each turn prefilling only its new user part) play what the whole-prompt path plays (greedy): the same
-    replies, actions and training rows, log-probs equal to float32 order. Timed on this 2-block model."""
+    once per distinct head, each turn prefilling only its new user part) play what the whole-prompt path plays
+    (greedy): the same replies, actions and training rows, log-probs equal to float32 order. Timed on this
+    2-block model."""
     r, cfg = rt
     shared = dataclasses.replace(r, cfg=dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout,
                                                                                             share_prefix=True)))

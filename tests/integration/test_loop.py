@@ -118,8 +118,9 @@ def test_free_rollouts_never_see_bank_content():
 
 def test_shared_prefix_rollouts_equal_the_whole_prompt_ones():
     """`play(share_prefix=True)` (each distinct task text encoded once, 2 per encoding, for rollouts in groups
-    of 1-3 on a task) plays what the whole-prompt path plays in the text view: the same prompts, action tokens and turns under one key at temperature 1, and behaviour
-    log-probs equal to ~1e-6; a host env refuses the option by name."""
+    of 1-3 on a task) plays what the whole-prompt path plays in the text view: the same prompts, action tokens
+    and turns under one key at temperature 1, and behaviour log-probs equal to ~1e-6; a host env refuses the
+    option by name."""
     from crl_jax.actor.rollout import play
     from crl_jax.config import ConfigError
 
