@@ -1,9 +1,11 @@
 """Batched autoregressive sampling with a KV cache, constrained decoding and per-token log-probs.
 
-Three entry points:
+Four entry points:
 - `sample_tokens(graphdef, params, prompt[B,P], prompt_len[B], key, cfg, allowed_tokens=None)`: pure and
   traceable (no Python side effects, no nested jit), so the training loop can call it inside its own
   compiled iteration. `cfg` is a hashable `SamplerConfig` and must be static under an outer jit.
+- `continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key, cfg)`: the same after context
+  already in a KV cache (an encoded prefix, or a multi-turn rollout's previous turns); returns the cache too.
 - `generate(model_or_(graphdef, params), prompt[B,P], prompt_len[B], key, *, max_new_tokens, ...)`: the
   jit-compiled convenience wrapper; one compiled program per (shapes, static options).
 - `sequence_logprobs(graphdef, params, tokens[B,T], prompt_len[B], total_len[B])`: per-token log-probs of
@@ -189,14 +191,10 @@ def left_align(prompt, prompt_len, pad_id=0):
     return tokens.astype(jnp.int32), positions, valid
 
 
-def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig, allowed_tokens=None, prefix=None,
-                  live=None):
+def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig, allowed_tokens=None, live=None):
     """Pure prefill + decode. prompt [B, P] int (right-padded), prompt_len [B] (1 <= len <= P; a row of
-    length 0 has nothing to condition on and yields meaningless tokens).
-
-    prefix: None, or the keys and values of text that comes before each row's prompt
-    (`Transformer.encode_prefix`, e.g. a conversation head shared by every turn of an episode): they fill the
-    cache's first slots and the prompt continues at the prefix's length, so only the prompt is prefilled.
+    length 0 has nothing to condition on and yields meaningless tokens). `continue_tokens` does the same after
+    context already in a cache (e.g. `init_cache(prefix=encode_prefix(head))`, or the last turn's cache).
 
     allowed_tokens: None or bool [V], [B, V] (same mask every step) or [B, N, V] (per step).
     live: None or bool [B]: rows that are False generate nothing (pad tokens, log-prob 0, length 0) and do not
@@ -206,14 +204,9 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
     """
     chex.assert_rank([prompt, prompt_len], [2, 1])
     B, P = prompt.shape
-    Lh = 0 if prefix is None else prefix.valid.shape[1]  # prefix slots come first in the cache
-    if prefix is not None:
-        chex.assert_shape(prefix.valid, (B, Lh))
-    cache = tr.init_cache(tr.merge(graphdef, params).cfg, B, Lh + P + cfg.max_new_tokens, prefix=prefix)
-    # each row's position of its first prompt token
-    start = jnp.zeros((B,), jnp.int32) if prefix is None else prefix.length.astype(jnp.int32)
-    out_t, out_lp, lengths, _ = continue_tokens(graphdef, params, cache, Lh, start, prompt, prompt_len, key, cfg,
-                                                allowed_tokens, live)
+    cache = tr.init_cache(tr.merge(graphdef, params).cfg, B, P + cfg.max_new_tokens)
+    out_t, out_lp, lengths, _ = continue_tokens(graphdef, params, cache, 0, jnp.zeros((B,), jnp.int32), prompt,
+                                                prompt_len, key, cfg, allowed_tokens, live)
     return out_t, out_lp, lengths
 
 

@@ -134,12 +134,12 @@ def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tas
 
     action_ids [A]: the token of each action (the constrained action vocabulary).
     reset_keys [N]: per-episode env keys (default `episode_reset_keys(key, N)`, as `first_observation`).
-    share_prefix: encode each episode's task text once (`Transformer.encode_prefix`) and run only the rest of
-    every turn's prompt (`rollout.share_prefix`). It pays where the task text is a large part of the prompt (the
+    share_prefix: encode the task texts once (`encode_unique_prefixes`) and run only the rest of every turn's
+    prompt (`rollout.share_prefix`). It pays where the task text is a large part of the prompt (the
     text view's task line is a third of the agentic benchmark's prompts; the compact view's task is one token).
     The behaviour log-probs then equal the learner's recomputation over the whole prompt up to float32 order
-    (~1e-6), not bit for bit. Each distinct task text is encoded once (`encode_unique_prefixes`: a group's K
-    rollouts share one encoding), `prefix_block` rows per encoding (default N; the loop passes its group count).
+    (~1e-6), not bit for bit. Each distinct task text is encoded once (a group's K rollouts share one encoding),
+    `prefix_block` rows per encoding (default N; the loop passes its group count).
     Returns `Episodes` with T = num_turns turns.
     """
     chex.assert_rank([tasks, task_tokens, exp, has_exp], [1, 2, 2, 1])

@@ -50,8 +50,8 @@ def main(argv=None):
     scfg = S.SamplerConfig(max_new_tokens=N, temperature=1.0, stop_tokens=(stop,))
     live = jnp.arange(B) < a.live
     run = jax.jit(S.sample_tokens, static_argnums=(0, 5))
-    fns = {"all rows run": lambda: run(gd, pa, prompt, plen, jax.random.key(2), scfg, allowed, None, None),
-           "live mask": lambda: run(gd, pa, prompt, plen, jax.random.key(2), scfg, allowed, None, live)}
+    fns = {"all rows run": lambda: run(gd, pa, prompt, plen, jax.random.key(2), scfg, allowed, None),
+           "live mask": lambda: run(gd, pa, prompt, plen, jax.random.key(2), scfg, allowed, live)}
     outs = {n: jax.block_until_ready(f()) for n, f in fns.items()}
     same = bool(np.array_equal(outs["all rows run"][0][:a.live], outs["live mask"][0][:a.live]))
     lengths = {n: np.asarray(o[2]).tolist() for n, o in outs.items()}

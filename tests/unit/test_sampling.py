@@ -370,8 +370,8 @@ def test_greedy_equals_transformers_generate(tmp_path):
 
 @pytest.mark.parametrize("temperature,unroll", [(0.0, 8), (1.0, 8), (1.0, 0)])
 def test_sampling_after_an_encoded_prefix_equals_the_packed_prompt(model, temperature, unroll):
-    """`sample_tokens(rest, prefix=encode_prefix(head))` samples what `sample_tokens` samples from head and rest
-    packed into one prompt (same key): the same tokens and lengths, log-probs equal to float32 order; with the
+    """`continue_tokens(rest)` on `init_cache(prefix=encode_prefix(head))` samples what `sample_tokens` samples
+    from head and rest packed into one prompt (same key): the same tokens and lengths, log-probs equal to float32 order; with the
     straight-line layers and with the layer scan, for heads of different lengths (0 included)."""
     gd, pa = model
     heads, rests = [[5, 9, 2], [7], []], [[1, 4], [3, 3, 8], [11]]
@@ -383,8 +383,11 @@ def test_sampling_after_an_encoded_prefix_equals_the_packed_prompt(model, temper
     run = jax.jit(S.sample_tokens, static_argnums=(0, 5))
     key = jax.random.key(7)
     ref = run(gd, pa, packed, plen, key, cfg)
-    pre = tr.merge(gd, pa).encode_prefix(head, head_len)
-    got = run(gd, pa, rest, rest_len, key, cfg, None, pre)
+    m = tr.merge(gd, pa)
+    pre = m.encode_prefix(head, head_len)
+    cache = tr.init_cache(m.cfg, 3, head.shape[1] + rest.shape[1] + N, prefix=pre)
+    got = jax.jit(S.continue_tokens, static_argnums=(0, 8))(gd, pa, cache, head.shape[1], pre.length, rest, rest_len,
+                                                             key, cfg)
     np.testing.assert_array_equal(got[0], ref[0])
     np.testing.assert_array_equal(got[2], ref[2])
     np.testing.assert_allclose(got[1], ref[1], atol=1e-5)

@@ -111,7 +111,6 @@ def play(rt, params, key, *, env, renderer, tasks, task_tokens, task_len, exp, e
         act = jax.vmap(rt.llm.answer_parser)(gen, glen)
         act = jnp.where(active, act, -1)
         new_states, _, r, d, info = jax.vmap(env.step)(states, act)
-        glen = jnp.where(active, glen, 0)
         hist2, hlen2 = jax.vmap(lambda h, n, g, gl: _append(h, n, g, gl))(hist, hlen_u, gen, glen)
         hmask, _ = jax.vmap(lambda h, n, gl: _append(h, n, jnp.ones((A,), bool), gl))(hmask, hlen_u, glen)
         hlogp, _ = jax.vmap(lambda h, n, x, gl: _append(h, n, x, gl))(hlogp, hlen_u, lp, glen)
