@@ -238,6 +238,9 @@ def validate(cfg) -> None:
     need(0 <= cfg.extraction.min_entry < cfg.extraction.max_new_tokens, "extraction.min_entry",
          "must be in [0, extraction.max_new_tokens)")
     need(cfg.rollout.tip_window >= 0, "rollout.tip_window", "must be >= 0 (0 = the whole entry)")
+    need(cfg.rollout.turn_block >= 0, "rollout.turn_block", "must be >= 0 (0 = every episode at once)")
+    need(cfg.rollout.turn_block == 0 or cfg.actor.preset == "tiny", "rollout.turn_block",
+         "is the tiny actor's turn forward; an LLM actor's rollout already skips finished episodes (set 0)")
     need(-1.0 <= cfg.bank.min_similarity <= 1.0, "bank.min_similarity", "must be in [-1, 1] (-1 = off)")
     p = cfg.pretrain
     need(p.actor_steps >= 0, "pretrain.actor_steps", "must be >= 0")

@@ -47,7 +47,7 @@ def evaluate_pool(rt, state, *, heldout: bool) -> tuple[jax.Array, jax.Array]:
               tasks=two(tasks), task_tokens=two(tt), task_len=two(tl), exp=two(exp), exp_len=two(exp_len),
               has_exp=jnp.concatenate([has, jnp.zeros_like(has)]), num_turns=rt.num_turns, temperature=temp,
               turn_marker=cfg.rollout.turn_marker, reset_keys=two(episode_reset_keys(key, n)),
-              share_prefix=cfg.rollout.share_prefix, prefix_block=n)
+              share_prefix=cfg.rollout.share_prefix, prefix_block=n, turn_block=cfg.rollout.turn_block)
     s = ep.success.astype(jnp.float32)
     return s[:n].mean(), s[n:].mean()
 

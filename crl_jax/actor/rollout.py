@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from crl_jax.envs.actions import action_allowed_mask, token_to_action
 from crl_jax.models import transformer as tr
+from crl_jax.models.row_blocks import last_hidden_in_blocks
 from crl_jax.models.shared_prefix import encode_unique_prefixes
 from crl_jax.sampling import sample_logits
 from crl_jax.text.packing import pack_segments
@@ -106,22 +107,40 @@ def build_prompt(task, task_len, exp, exp_len, has_exp, seg: Segments, turn, obs
     return pack_segments(parts)
 
 
+# `rollout.turn_block`: a block's forward runs over a multiple of this many prompt slots (one compiled forward
+# per multiple up to the packed width; 16 keeps the text view's ~140-slot turns to 9 widths)
+TURN_WIDTH_STEP = 16
+
+
 def sample_turn(graphdef, params, seg: Segments, allowed, action_ids, k_play, t, task_tokens, task_len, exp, exp_len,
-                has_exp, obs, obs_len, *, temperature: float, turn_marker: bool, prefix=None):
+                has_exp, obs, obs_len, *, temperature: float, turn_marker: bool, prefix=None, turn_block: int = 0,
+                live=None):
     """One turn of N episodes: build the prompts, sample one allowed action token each (key `fold_in(k_play,
     t)`) -> (prompts [N, P], lengths [N], tokens [N], log-probs [N], env actions [N]). Shared by `play` and
     the host driver (`crl_jax.backends.host.play`), so both paths build and sample turns identically.
 
     `prefix`: the task texts' keys and values (`Transformer.encode_prefix(task_tokens, task_len)`); the model
-    then runs only the rest of each prompt (the returned prompts are still the whole ones)."""
+    then runs only the rest of each prompt (the returned prompts are still the whole ones).
+
+    `turn_block` > 0 (`rollout.turn_block`): the forward runs over the `live` [N] rows only (default all),
+    `turn_block` rows at a time, each block over its longest prompt rounded up to `TURN_WIDTH_STEP` slots
+    (`last_hidden_in_blocks`); the other rows' logits are those of a zero hidden state (their tokens are junk:
+    the rollout marks those turns inactive)."""
     build = jax.vmap(lambda a, b, c, d, e, o, ol: build_prompt(a, b, c, d, e, seg, t, o, ol, turn_marker=turn_marker))
     prompts, plen = build(task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len)
-    if prefix is None:
+    if prefix is None and turn_block <= 0:
         logits = last_logits(graphdef, params, prompts, plen)
-    else:  # the same prompts without their task text (a zero-width task segment), after the encoded prefix
-        rest, rest_len = build(task_tokens[:, :0], jnp.zeros_like(task_len), exp, exp_len, has_exp, obs, obs_len)
+    else:
+        toks, lens = prompts, plen
+        if prefix is not None:  # the same prompts without their task text (a zero-width task segment)
+            toks, lens = build(task_tokens[:, :0], jnp.zeros_like(task_len), exp, exp_len, has_exp, obs, obs_len)
         model = tr.merge(graphdef, params)
-        logits = model.unembed(model.last_hidden(rest, rest_len, prefix=prefix)[:, None])[:, 0]
+        if turn_block > 0:
+            h = last_hidden_in_blocks(model, toks, lens, block=turn_block, width_step=TURN_WIDTH_STEP, live=live,
+                                      prefix=prefix)
+        else:
+            h = model.last_hidden(toks, lens, prefix=prefix)
+        logits = model.unembed(h[:, None])[:, 0]
     tok, lp = sample_logits(logits, jax.random.fold_in(k_play, t), temperature=temperature, allowed=allowed)
     return prompts, plen, tok, lp, token_to_action(tok, action_ids)
 
@@ -129,7 +148,7 @@ def sample_turn(graphdef, params, seg: Segments, allowed, action_ids, k_play, t,
 def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tasks,
          task_tokens, task_len, exp, exp_len, has_exp, num_turns: int, temperature: float,
          turn_marker: bool = True, reset_keys=None, share_prefix: bool = False,
-         prefix_block: int | None = None) -> Episodes:
+         prefix_block: int | None = None, turn_block: int = 0) -> Episodes:
     """Play N episodes. tasks [N] int32 (pool indices), task_tokens [N, Lt], exp [N, L], has_exp [N].
 
     action_ids [A]: the token of each action (the constrained action vocabulary).
@@ -140,6 +159,9 @@ def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tas
     The behaviour log-probs then equal the learner's recomputation over the whole prompt up to float32 order
     (~1e-6), not bit for bit. Each distinct task text is encoded once (a group's K rollouts share one encoding),
     `prefix_block` rows per encoding (default N; the loop passes its group count).
+    turn_block > 0 (`rollout.turn_block`): each turn's forward skips the episodes that have ended and runs the
+    others this many rows at a time, each block only as wide as its longest prompt (`sample_turn`); the played
+    turns' log-probs equal the one-batch forward's up to float32 order.
     Returns `Episodes` with T = num_turns turns.
     """
     chex.assert_rank([tasks, task_tokens, exp, has_exp], [1, 2, 2, 1])
@@ -158,7 +180,8 @@ def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tas
         obs_tok, obs_len = jax.vmap(renderer)(states)
         prompts, plen, tok, lp, act = sample_turn(graphdef, params, seg, allowed, action_ids, k_play, t, task_tokens,
                                                   task_len, exp, exp_len, has_exp, obs_tok, obs_len,
-                                                  temperature=temperature, turn_marker=turn_marker, prefix=prefix)
+                                                  temperature=temperature, turn_marker=turn_marker, prefix=prefix,
+                                                  turn_block=turn_block, live=~done)
         new_states, _, r, d, info = jax.vmap(env.step)(states, act)
         active = ~done
         ret = ret + jnp.where(active, r, 0.0)

@@ -204,8 +204,9 @@ def prior_id(cfg) -> str:
     key = dict(env={"name": c.env.name, "params": c.env.params, "num_train_tasks": c.env.num_train_tasks,
                     "num_eval_tasks": c.env.num_eval_tasks, "max_turns": c.env.max_turns,
                     "task_ids_in_text": c.env.task_ids_in_text},
-               # share_prefix only changes how a turn's prompt is computed (equal to ~1e-6), not the prior
-               rollout={k: v for k, v in dataclasses.asdict(c.rollout).items() if k != "share_prefix"},
+               # share_prefix and turn_block only change how a turn's forward is computed (equal to ~1e-6)
+               rollout={k: v for k, v in dataclasses.asdict(c.rollout).items()
+                        if k not in ("share_prefix", "turn_block")},
                actor=shape(c.actor), extractor=shape(c.extractor),
                entry_len=c.bank.entry_len,
                extraction={k: getattr(c.extraction, k) for k in ("max_new_tokens", "prompt_len", "min_entry",

@@ -14,8 +14,10 @@ constrained action token per turn sampled at temperature 1.
   keys and values encoded once per distinct task text (`share_prefix`; every episode here has the same task line,
   so, with rows in groups of 8 as the loop's `prefix_block` would have them, it is one encoding of up to 8 rows)
   and a forward over the rest of each turn's prompt
-  (`--whole-prompt`: the whole prompt every turn, as before #16). Finished episodes keep running (masked)
-  until `turns`.
+  (`--whole-prompt`: the whole prompt every turn, as before #16). With `--turn-block B` (default 8, as
+  `rollout.turn_block`) that forward runs over the unfinished episodes only, B at a time, each block only as
+  wide as its longest prompt (multiples of 16 slots; `crl_jax.models.row_blocks`); `--turn-block 0`: every
+  episode at the packed width P every turn, finished ones masked (the path before session 13).
 - Tunix: `TrajectoryCollectEngine.collect_multiple` (what its agentic learner runs per group) over
   (agent, env) pairs, asyncio + a thread pool, one vanilla-Sampler call (batch 1, prompt padded to
   the same P, all non-action tokens forbidden) per episode per turn; an episode stops when done.
@@ -25,10 +27,11 @@ compile, reported), then each repeat times one `play` of ours and one `collect_m
 persistent worker, `tunix_common.WorkerSession`); the ratio is taken per repeat and reported as min /
 median / max, with the 1-minute load average at the start and end of each row.
 
-Efficiency read-out (why the ratio is what it is): the matmul FLOPs of one turn on each side are counted
-analytically (`tunix_common.turn_flops`: ours runs the last layer for the last prompt row only and plays
-the masked turns of finished episodes; Tunix unembeds every prompt row, runs one extra decode step per
-call, and stops an episode when done), and this machine's float32 matmul rate is measured once in the
+Efficiency read-out (why the ratio is what it is): the matmul FLOPs each side computed are counted
+analytically (`tunix_common.turn_flops`: ours runs the last layer for the last prompt row only; Tunix
+unembeds every prompt row at the padded P, runs one extra decode step per call, and stops an episode when
+done; ours under `--turn-block` is counted call by call from the returned episodes with the library's own
+ordering and widths, `tunix_common.blocked_turn_flops`), and this machine's float32 matmul rate is measured once in the
 same run (`matmul_gflops`). ep/s ratio ~= (FLOPs per episode, Tunix / ours) x (achieved GFLOP/s, ours /
 Tunix): the first factor is work one side skips, the second how well each side keeps the cores busy.
 """
@@ -53,7 +56,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import tunix_common as tc  # noqa: E402
 
 from crl_jax import envs  # noqa: E402
-from crl_jax.actor.rollout import Segments, play  # noqa: E402
+from crl_jax.actor.rollout import TURN_WIDTH_STEP, Segments, play  # noqa: E402
 from crl_jax.envs.actions import action_token_ids, tiny_tokenizer  # noqa: E402
 from crl_jax.envs.render import make_token_renderer  # noqa: E402
 
@@ -80,31 +83,48 @@ def setup(turns: int):
     return env, tok, renderer, a_ids, seg
 
 
-def ours_fn(gd, env, tok, renderer, a_ids, seg, n, turns, share_prefix=True):
+def ours_fn(gd, env, tok, renderer, a_ids, seg, n, turns, share_prefix=True, turn_block=0):
     """Our jitted `play` of n episodes (tasks 0..n-1) -> fn(params, key) -> Episodes. `share_prefix`: the task
-    line is encoded once per distinct text (`rollout.share_prefix`); False: every turn runs the whole prompt."""
+    line is encoded once per distinct text (`rollout.share_prefix`); False: every turn runs the whole prompt.
+    `turn_block` (`rollout.turn_block`): > 0 runs each turn over the unfinished episodes only, this many at a time,
+    each block only as wide as its longest prompt; 0: every episode at the packed width."""
     task_text = env.task_text + "\n"
     ttok, tlen = _rows(tok, [task_text] * n)
     return jax.jit(lambda params, key: play(
         gd, params, env, renderer, seg, a_ids, key, tasks=jnp.arange(n, dtype=jnp.int32), task_tokens=ttok,
         task_len=tlen, exp=jnp.zeros((n, 1), jnp.int32), exp_len=jnp.zeros((n,), jnp.int32),
         has_exp=jnp.zeros((n,), bool), num_turns=turns, temperature=1.0, share_prefix=share_prefix,
-        prefix_block=max(1, n // 8)))
+        prefix_block=max(1, n // 8), turn_block=turn_block))
 
 
-def ours_call(fn, pa, n, turns, seed) -> dict:
-    """One timed `play`; turns = played turns (the call computes n * turns, finished episodes masked)."""
+def ours_flops(ep, shape, *, prompt_width, prefix_len, prefix_rows, turn_block) -> float:
+    """Matmul FLOPs one `play` computed (read off its Episodes): the prefix encodings (`prefix_rows` rows of
+    `prefix_len` tokens), then without `turn_block` every episode's every turn at the packed `prompt_width`;
+    with it, each turn's live blocks (`blocked_turn_flops`: the library's ordering and widths)."""
+    n, turns = ep.active.shape
+    Lp = prefix_len
+    head = prefix_rows * tc.prefix_flops(shape, Lp)
+    if not turn_block:
+        return head + n * turns * tc.turn_flops(shape, prompt_width, "ours", prefix_len=Lp,
+                                                prefix_shared_by=float("inf"))
+    rest, active = np.asarray(ep.prompt_len) - Lp, np.asarray(ep.active)
+    return head + sum(tc.blocked_turn_flops(shape, rest[:, t], active[:, t], prompt_width - Lp, Lp,
+                                            min(turn_block, n), TURN_WIDTH_STEP) for t in range(turns))
+
+
+def ours_call(fn, pa, count, seed) -> dict:
+    """One timed `play`; turns = played turns; flop = what the call computed (`count(episodes)`)."""
     t0 = time.perf_counter()
     ep = jax.block_until_ready(fn(pa, jax.random.key(seed)))
     dt = time.perf_counter() - t0
     played = np.asarray(ep.turns)
-    return dict(seconds=dt, turns=int(played.sum()), computed_turns=n * turns, mean_turns=float(played.mean()),
+    return dict(seconds=dt, turns=int(played.sum()), flop=count(ep), mean_turns=float(played.mean()),
                 success=float(np.asarray(ep.success).mean()))
 
 
-def tunix_call(tunix, n, seed) -> dict:
+def tunix_call(tunix, n, turn_flop, seed) -> dict:
     out = tunix.request(episodes=n, seed=seed)
-    return dict(out, computed_turns=out["turns"])  # Tunix computes exactly the played turns
+    return dict(out, flop=out["turns"] * turn_flop)  # Tunix computes exactly the played turns
 
 
 def matmul_gflops(n: int = 2048, calls: int = 5) -> float:
@@ -121,27 +141,27 @@ def matmul_gflops(n: int = 2048, calls: int = 5) -> float:
     return 2 * n ** 3 / statistics.median(times) / 1e9
 
 
-def row_stats(row, flops: dict) -> dict:
+def row_stats(row) -> dict:
     """Per-row read-outs: median ep/s, turns/s, achieved GFLOP/s per side; per-repeat ours / Tunix ratios."""
     n, st = row["episodes"], {}
     for name, runs in row["runs"].items():
         sec = np.array([r["seconds"] for r in runs])
-        played, computed = np.array([r["turns"] for r in runs]), np.array([r["computed_turns"] for r in runs])
+        played, flop = np.array([r["turns"] for r in runs]), np.array([r["flop"] for r in runs], np.float64)
         st[name] = dict(ep_s=float(np.median(n / sec)), turns_s=float(np.median(played / sec)),
-                        gflop_s=float(np.median(computed * flops[name] / sec / 1e9)),
+                        gflop_s=float(np.median(flop / sec / 1e9)),
                         mean_turns=statistics.mean(r["mean_turns"] for r in runs),
                         success=statistics.mean(r["success"] for r in runs),
-                        flop_ep=float(computed.mean()) * flops[name] / n)
+                        flop_ep=float(flop.mean()) / n)
     st["ratios"] = tc.speedups(row, "ours", "tunix")
     return st
 
 
-def table(rows, flops, peak, turns, P) -> str:
+def table(rows, peak, turns, P) -> str:
     out = ["| episodes | turns (max) | P | ours ep/s | Tunix ep/s | ours / Tunix (min / med / max) | ours turns/s | "
            "Tunix turns/s | mean turns ours / Tunix | success ours / Tunix | GFLOP/s ours / Tunix | "
            "of matmul rate ours / Tunix | load 1 min start / end |", "|" + "---|" * 13]
     for row in rows:
-        st = row_stats(row, flops)
+        st = row_stats(row)
         o, t = st["ours"], st["tunix"]
         out.append(f"| {row['episodes']} | {turns} | {P} | {o['ep_s']:,.1f} | {t['ep_s']:,.2f} | "
                    f"x{tc.fmt_spread(st['ratios'], '.1f')} | {o['turns_s']:,.0f} | {t['turns_s']:,.1f} | "
@@ -151,9 +171,9 @@ def table(rows, flops, peak, turns, P) -> str:
     return "\n".join(out)
 
 
-def explain(row, flops) -> str:
+def explain(row) -> str:
     """One line: the median ratio next to its two factors (work per episode, achieved GFLOP/s)."""
-    st = row_stats(row, flops)
+    st = row_stats(row)
     o, t = st["ours"], st["tunix"]
     return (f"{row['episodes']} ep: ours / Tunix x{statistics.median(st['ratios']):.1f} ~= FLOP per episode "
             f"Tunix / ours x{t['flop_ep'] / o['flop_ep']:.2f} ({t['flop_ep'] / 1e6:.1f} / {o['flop_ep'] / 1e6:.1f} M)"
@@ -170,6 +190,9 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="8 episodes, 5 turns, 3 reps")
     ap.add_argument("--whole-prompt", action="store_true",
                     help="ours without the shared prefix (every turn runs the whole prompt: the path before #16)")
+    ap.add_argument("--turn-block", type=int, default=8,
+                    help="ours: `rollout.turn_block` (each turn over the unfinished episodes only, this many at a "
+                         "time, each block as wide as its longest prompt); 0: every episode at the packed width")
     ap.add_argument("--results", default="")
     ap.add_argument("--date", default="")
     ap.add_argument("--hardware", default="")
@@ -184,24 +207,24 @@ def main(argv=None):
     print(f"model {shape}, {info['num_params'] / 1e6:.2f}M params; same weights: max |logit diff| = "
           f"{info['logit_max_abs_diff']:.2e}; jax {jax.__version__} {jax.devices()}", flush=True)
     share = not a.whole_prompt
-    fns = {n: ours_fn(gd, env, tok, renderer, a_ids, seg, n, a.turns, share) for n in counts}
+    fns = {n: ours_fn(gd, env, tok, renderer, a_ids, seg, n, a.turns, share, a.turn_block) for n in counts}
     P = int(jax.eval_shape(fns[counts[0]], pa, jax.random.key(0)).prompts.shape[2])  # the packed prompt width
-    Lp = len(tok.encode(env.task_text + "\n")) if share else 0  # the task line, one encoding of n // 8 rows
-    # (every episode has this task line: each row of the one encoding stands for n / (n // 8) episodes; the
-    # smallest over the counts is used, so ours is never under-counted)
-    shared_by = min(n / max(1, n // 8) for n in counts) if share else 1
+    Lp = len(tok.encode(env.task_text + "\n")) if share else 0  # the task line: every episode has the same one,
+    # so `encode_unique_prefixes` runs one block of prefix_block = n // 8 rows
     holes = np.asarray(jax.vmap(env.task_level)(jnp.arange(max(counts), dtype=jnp.int32)).holes)
     msgs = dict(start=env.env_messages[0], blocked=env.env_messages[1], hole=env.env_messages[2],
                 goal=env.env_messages[3], invalid="That is not a valid action.")
     assert msgs["invalid"] in env.messages, env.messages
-    flops = {side: tc.turn_flops(shape, P, side, prefix_len=Lp, turns=a.turns, prefix_shared_by=shared_by)
-             for side in ("ours", "tunix")}
+    tunix_turn = tc.turn_flops(shape, P, "tunix")
+    ours_turn = tc.turn_flops(shape, P, "ours", prefix_len=Lp, prefix_shared_by=float("inf"))
     peak = matmul_gflops()
     rate = (f"float32 matmul rate (jitted 2048^3, median of 5): {peak:.1f} GFLOP/s; matmul FLOP per turn at P={P}: "
-            f"ours {flops['ours'] / 1e6:.2f} M (every one of episodes x {a.turns} turns, finished ones masked; "
-            + (f"the {Lp}-token task line encoded once per {shared_by:g} episodes), " if Lp else
-               "whole prompt every turn), ") +
-            f"Tunix {flops['tunix'] / 1e6:.2f} M (per played turn)")
+            f"Tunix {tunix_turn / 1e6:.2f} M (per played turn); ours at the packed width {ours_turn / 1e6:.2f} M"
+            + (f" after the {Lp}-token task line ({tc.prefix_flops(shape, Lp) / 1e6:.2f} M per encoded row, n // 8 "
+               "rows per call)" if Lp else " (whole prompt every turn)")
+            + (f"; turn_block {a.turn_block}: only unfinished episodes, each block at the smallest multiple of "
+               f"{TURN_WIDTH_STEP} slots covering its longest prompt, counted call by call from the episodes"
+               if a.turn_block else "; every episode x every turn (finished ones masked)"))
     print(rate, flush=True)
     worker_setup = dict(kind="agentic", shape=shape, seed=a.seed, max_steps=a.turns, prompt_len=P,
                         holes=holes.reshape(len(holes), -1).astype(int).tolist(), messages=msgs,
@@ -210,12 +233,14 @@ def main(argv=None):
     rows = []
     with tc.WorkerSession(a.venv, worker_setup) as tunix:
         for n in counts:
-            calls = {"ours": partial(ours_call, fns[n], pa, n, a.turns), "tunix": partial(tunix_call, tunix, n)}
+            count = partial(ours_flops, shape=shape, prompt_width=P, prefix_len=Lp, prefix_rows=max(1, n // 8) if Lp
+                            else 0, turn_block=a.turn_block)
+            calls = {"ours": partial(ours_call, fns[n], pa, count), "tunix": partial(tunix_call, tunix, n, tunix_turn)}
             rows.append(tc.interleave(calls, a.reps, episodes=n))
             print(f"{n} ep: load {rows[-1]['load'][0]} -> {rows[-1]['load'][1]}", flush=True)
-    tab = table(rows, flops, peak, a.turns, P)
+    tab = table(rows, peak, a.turns, P)
     print(tab)
-    why = "\n".join(explain(row, flops) for row in rows)
+    why = "\n".join(explain(row) for row in rows)
     print(why)
     comp = ", ".join(f"{o['episodes']} ep: {o['first']['ours']:.1f} / {o['first']['tunix']:.1f}" for o in rows)
     print(f"first call incl. compile, ours / Tunix (s): {comp}")

@@ -8,7 +8,8 @@ sides use the SAME weights: the worker builds the Tunix Llama3 model with `creat
 scale=0.1)`, writes its parameters to an `.npz` (`'/'`-joined Tunix paths), and `tunix_to_crl` turns
 them into this project's stacked layout.
 
-Pure helpers here (`bench_shape`, `tunix_to_crl`, `crl_config`, `spread`, `turn_flops`) import neither
+Pure helpers here (`bench_shape`, `tunix_to_crl`, `crl_config`, `spread`, `turn_flops`, `blocked_turn_flops`)
+import neither
 tunix nor the venv and are unit-tested in `tests/unit/test_bench_tunix.py`.
 """
 
@@ -223,6 +224,24 @@ def speedups(row, num: str, den: str) -> list[float]:
     return [d["seconds"] / n["seconds"] for n, d in zip(row["runs"][num], row["runs"][den])]
 
 
+def _block_costs(shape: dict):
+    """(q/k/v weights, o weights, MLP weights, attention FLOP fn(queries, keys)) of one decoder block."""
+    H, I = shape["embed_dim"], shape["hidden_dim"]
+    Nq, Nkv, D = shape["num_heads"], shape["num_kv_heads"], shape["head_dim"]
+
+    def att(q, k):  # scores q.k and the weighted sum of values, per query / key pair and head
+        return 4 * Nq * D * q * k
+
+    return H * (Nq + 2 * Nkv) * D, Nq * D * H, 3 * H * I, att
+
+
+def prefix_flops(shape: dict, prefix_len: int) -> float:
+    """Matmul FLOPs of encoding one row's `prefix_len`-token prefix (`Transformer.encode_prefix`: all layers)."""
+    qkv, o, mlp, att = _block_costs(shape)
+    Lp = int(prefix_len)
+    return shape["num_layers"] * (2 * Lp * (qkv + o + mlp) + att(Lp, Lp))
+
+
 def turn_flops(shape: dict, prompt_len: int, side: str, prefix_len: int = 0, turns: int = 1,
                prefix_shared_by: float = 1) -> float:
     """Matmul FLOPs (2 per multiply-add) of one played agentic turn: one action token after a prompt of
@@ -239,18 +258,14 @@ def turn_flops(shape: dict, prompt_len: int, side: str, prefix_len: int = 0, tur
       decode_only_last_token), then ONE decode step (its while loop runs while step < P + 1: a 1-row
       forward of all layers plus unembedding whose token is dropped).
     """
-    H, I, L, V = shape["embed_dim"], shape["hidden_dim"], shape["num_layers"], shape["vocab_size"]
-    Nq, Nkv, D = shape["num_heads"], shape["num_kv_heads"], shape["head_dim"]
+    H, L, V = shape["embed_dim"], shape["num_layers"], shape["vocab_size"]
     P = int(prompt_len)
-    qkv, o, mlp = H * (Nq + 2 * Nkv) * D, Nq * D * H, 3 * H * I  # weights of the linear layers of one block
-
-    def att(q, k):  # scores q.k and the weighted sum of values, per query / key pair and head
-        return 4 * Nq * D * q * k
+    qkv, o, mlp, att = _block_costs(shape)
 
     if side == "ours":
         Lp = int(prefix_len)
         R = P - Lp  # rows run every turn
-        per_episode = L * (2 * Lp * (qkv + o + mlp) + att(Lp, Lp))
+        per_episode = prefix_flops(shape, Lp)
         return ((L - 1) * (2 * R * (qkv + o + mlp) + att(R, P)) + 2 * R * qkv + 2 * (o + mlp) + att(1, P)
                 + 2 * H * V + per_episode / (int(turns) * prefix_shared_by))
     if side == "tunix":
@@ -259,6 +274,21 @@ def turn_flops(shape: dict, prompt_len: int, side: str, prefix_len: int = 0, tur
         decode = L * (2 * (qkv + o + mlp) + att(1, S)) + 2 * H * V
         return prefill + decode
     raise ValueError(f"turn_flops: side must be 'ours' or 'tunix', got {side!r}")
+
+
+def blocked_turn_flops(shape: dict, rest_len, live, rest_width: int, prefix_len: int, block: int, step: int) -> float:
+    """Matmul FLOPs of one turn of ours under `rollout.turn_block` (`crl_jax.models.row_blocks`), without the
+    prefix encoding (`prefix_flops`): the live rows (rest_len [N] slots after the Lp-token prefix, live [N]),
+    longest first, `block` rows at a time (a last partial block is computed whole), each block at the smallest
+    of the widths step, 2 step, ..., rest_width that covers its longest row; a row at width w costs
+    `turn_flops(shape, prefix_len + w, "ours", prefix_len=prefix_len)` less its prefix share."""
+    lens = sorted((int(n) for n, ok in zip(rest_len, live) if ok), reverse=True)
+    widths = list(range(int(step), int(rest_width), int(step))) + [int(rest_width)]
+    Lp, total = int(prefix_len), 0.0
+    for i in range(0, len(lens), int(block)):
+        w = next(x for x in widths if x >= lens[i])  # the block's longest row is its first
+        total += block * turn_flops(shape, Lp + w, "ours", prefix_len=Lp, prefix_shared_by=float("inf"))
+    return total
 
 
 def load_shared_weights(venv: str, shape: dict, seed: int, path: str, param_dtype: str = "float32"):

@@ -144,3 +144,36 @@ def test_shared_prefix_rollouts_equal_the_whole_prompt_ones():
     assert len(set(np.asarray(whole.action_tokens).ravel().tolist())) > 1  # sampled, not one fixed move
     with pytest.raises(ConfigError, match="rollout.share_prefix"):
         build(load(None, ["env.name=minihack-room", "rollout.view=text", "rollout.share_prefix=true"]))
+
+
+def test_blocked_turns_play_what_the_one_batch_turns_play():
+    """`play(turn_block=2)` (each turn over the unfinished episodes only, 2 at a time, each block as wide as
+    its longest prompt; after the shared task text, as the agentic benchmark runs it) plays what `turn_block=0` plays in the text
+    view under one key at temperature 1: the same prompts, turns and, on the played turns, the same action
+    tokens, with behaviour log-probs equal to ~1e-6. FrozenLake's holes end episodes at different turns, so
+    later turns skip rows and the blocks shrink."""
+    from crl_jax.actor.rollout import play
+
+    lake = [o for o in MICRO if not o.startswith(("env.params.crop", "env.max_turns"))]
+    cfg = load(None, lake + ["env.name=frozen_lake", "env.params.legend=false", "env.max_turns=8",
+                             "actor.num_layers=2", "rollout.view=text", "rollout.tip_window=0", "pretrain.enabled=false"])
+    rt = build(cfg)
+    state = loop.init_state(rt, jax.random.key(0), cfg)
+    n = 5
+    tasks = jnp.arange(n, dtype=jnp.int32) % rt.train_task_tokens.shape[0]
+    kw = dict(tasks=tasks, task_tokens=rt.train_task_tokens[tasks], task_len=rt.train_task_len[tasks],
+              exp=jnp.zeros((n, cfg.bank.entry_len), jnp.int32), exp_len=jnp.zeros((n,), jnp.int32),
+              has_exp=jnp.zeros((n,), bool), num_turns=rt.num_turns, temperature=1.0, share_prefix=True,
+              prefix_block=2)
+    run = lambda tb: jax.jit(lambda p: play(state.actor.graphdef, p, rt.env, rt.renderer, rt.tiny.seg,  # noqa: E731
+                                            rt.tiny.action_ids, jax.random.key(2), turn_block=tb, **kw)
+                             )(state.actor.params)
+    whole, blocked = run(0), run(2)
+    for f in ("prompts", "prompt_len", "active", "turns", "reward", "success"):
+        np.testing.assert_array_equal(getattr(whole, f), getattr(blocked, f), err_msg=f)
+    act = np.asarray(whole.active)
+    np.testing.assert_array_equal(np.asarray(blocked.action_tokens)[act], np.asarray(whole.action_tokens)[act])
+    np.testing.assert_allclose(blocked.logp, whole.logp, atol=1e-5)
+    assert len(set(act.sum(1).tolist())) >= 3  # episodes ended at different turns (and some ran to the end)
+    plen = np.asarray(whole.prompt_len)
+    assert plen.max() < whole.prompts.shape[2]  # the packed width is wider than any prompt: blocks are narrower

@@ -137,6 +137,20 @@ def test_turn_flops_hand_counted():
         tc.turn_flops(SHAPE, 5, "other")
 
 
+def test_blocked_turn_flops_hand_counted():
+    # SHAPE as above. The prefix alone: 2 layers x (2*2*672 + 64*2*2) = 5888 per encoded row.
+    assert tc.prefix_flops(SHAPE, 2) == 5888
+    # A row after a 2-token prefix, run at width w (keys 2 + w): layer 0 over w rows (2*w*672 + 64*w*(2+w)),
+    # layer 1 q/k/v over w rows (2*w*256), o + MLP of 1 row (832), 1 x (2+w) attention, unembedding (176):
+    # w = 10: 13440 + 7680 + 5120 + 832 + 768 + 176 = 28016; w = 4: 5376 + 1536 + 2048 + 832 + 384 + 176 = 10352.
+    # Live rows' rest lengths 9, 5, 3 (the 0 is dead), blocks of 2, widths 4, 8, 10: blocks (9, 5) at 10 and
+    # (3) at 4, the last block computed whole (2 rows).
+    got = tc.blocked_turn_flops(SHAPE, [3, 9, 0, 5], [True, True, False, True], rest_width=10, prefix_len=2,
+                                block=2, step=4)
+    assert got == 2 * 28016 + 2 * 10352
+    assert tc.blocked_turn_flops(SHAPE, [3, 9], [False, False], 10, 2, 2, 4) == 0
+
+
 def test_interleave_warms_then_alternates_and_speedups_pair_the_rounds():
     order = []
 

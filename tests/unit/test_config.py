@@ -41,6 +41,8 @@ def test_parse_overrides_nested():
     (["extraction.op_explore=1.0"], "extraction.op_explore"),
     (["extraction.op_explore=0.1", "extractor.preset=smollm2-135m"], "extraction.op_explore"),
     (["extraction.update_unretrieved=skip"], "extraction.update_unretrieved"),
+    (["rollout.turn_block=-1"], "rollout.turn_block"),
+    (["rollout.turn_block=8", "actor.preset=smollm2-135m"], "rollout.turn_block"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as e:

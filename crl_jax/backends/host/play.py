@@ -65,7 +65,7 @@ def compiled(rt) -> Fns:
             chex.assert_rank([task_tokens, exp, obs, obs_len], [2, 2, 2, 1])
             return sample_turn(rt.actor_graphdef, params, rt.tiny.seg, allowed, rt.tiny.action_ids, k_play, t,
                                task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len, temperature=temperature,
-                               turn_marker=cfg.rollout.turn_marker)
+                               turn_marker=cfg.rollout.turn_marker, turn_block=cfg.rollout.turn_block)
 
         return jax.jit(_guard("turn", turn))
 
