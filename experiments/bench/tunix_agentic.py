@@ -97,10 +97,11 @@ def ours_fn(gd, env, tok, renderer, a_ids, seg, n, turns, share_prefix=True, tur
         prefix_block=max(1, n // 8), turn_block=turn_block))
 
 
-def ours_flops(ep, shape, *, prompt_width, prefix_len, prefix_rows, turn_block) -> float:
+def ours_flops(ep, shape, *, prompt_width, prefix_len, prefix_rows, turn_block, width_step=TURN_WIDTH_STEP) -> float:
     """Matmul FLOPs one `play` computed (read off its Episodes): the prefix encodings (`prefix_rows` rows of
     `prefix_len` tokens), then without `turn_block` every episode's every turn at the packed `prompt_width`;
-    with it, each turn's live blocks (`blocked_turn_flops`: the library's ordering and widths)."""
+    with it, each turn's live blocks (`blocked_turn_flops`: the library's ordering, and its widths at
+    `width_step`)."""
     n, turns = ep.active.shape
     Lp = prefix_len
     head = prefix_rows * tc.prefix_flops(shape, Lp)
@@ -109,7 +110,7 @@ def ours_flops(ep, shape, *, prompt_width, prefix_len, prefix_rows, turn_block) 
                                                 prefix_shared_by=float("inf"))
     rest, active = np.asarray(ep.prompt_len) - Lp, np.asarray(ep.active)
     return head + sum(tc.blocked_turn_flops(shape, rest[:, t], active[:, t], prompt_width - Lp, Lp,
-                                            min(turn_block, n), TURN_WIDTH_STEP) for t in range(turns))
+                                            min(turn_block, n), width_step) for t in range(turns))
 
 
 def ours_call(fn, pa, count, seed) -> dict:
