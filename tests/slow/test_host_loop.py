@@ -142,6 +142,31 @@ def test_host_prompts_equal_build_prompt_and_free_rows_see_no_bank(rt, two_steps
     assert np.all(np.asarray(ep.active).sum(1) == np.asarray(ep.turns))
 
 
+def test_host_turns_in_blocks_play_what_the_one_batch_turns_play(rt, two_steps):
+    """`rollout.turn_block=2` on the host driver (the turn's forward over the unfinished games, 2 rows at a time,
+    each block as wide as its longest prompt) plays the same games as the one-batch turn: same prompts, turns and
+    played actions under one key at temperature 1, behaviour log-probs equal to ~1e-6."""
+    (state, _), _, _ = two_steps
+    fns = host_loop.compiled(rt)
+    blocked = host_loop.compiled(build(load(None, MICRO + ["rollout.turn_block=2"])))
+    tasks, kd, k_play = fns.begin(state)
+    eps = []
+    for turn in (fns.turn(1.0), blocked.turn(1.0)):
+        games = host_loop.Games(rt.env, rt.renderer, 4)
+        obs, ol = games.reset(host_loop.seeds_from_key_data(kd), np.asarray(tasks))
+        p = fns.prepare(state, obs, ol)
+        eps.append(host_loop.play_host(rt, turn, games, state.actor.params, k_play, task_tokens=p.task_tokens,
+                                       task_len=p.task_len, exp=p.exp, exp_len=p.exp_len, has_exp=p.has_exp,
+                                       obs=obs, obs_len=ol))
+    whole, blocks = eps
+    for f in ("prompts", "prompt_len", "active", "turns", "reward", "success"):
+        np.testing.assert_array_equal(getattr(whole, f), getattr(blocks, f), err_msg=f)
+    act = np.asarray(whole.active)
+    np.testing.assert_array_equal(np.asarray(blocks.actions)[act], np.asarray(whole.actions)[act])
+    np.testing.assert_allclose(blocks.logp, whole.logp, atol=1e-5)
+    assert int(np.asarray(whole.prompt_len).max()) < whole.prompts.shape[2]  # blocks narrower than the packed width
+
+
 def test_text_adapters_rejected_with_a_clear_message():
     with pytest.raises(ConfigError, match="env.name='textworld'"):
         build(load(None, ["env.name=textworld", "env.params={}"]))

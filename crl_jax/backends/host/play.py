@@ -33,7 +33,8 @@ TRACE_GUARD = False  # wrap the pieces in `chex.assert_max_traces` (set before t
 class Fns(NamedTuple):
     begin: object  # state -> (tasks [N], reset key data [N, ...] uint32, turn sampling key)
     prepare: object  # (state, obs [N, Lo], obs_len [N]) -> loop.Prepared
-    turn: object  # temperature -> jitted (params, k_play, t, task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len)
+    turn: object  # temperature -> jitted (params, k_play, t, task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len,
+    #               live [N]: the games not yet finished, whose rows `rollout.turn_block` computes)
     finish: object  # (state, Prepared, Episodes) -> (state, metrics)
     eval_query: object  # heldout -> jitted (state, obs [n, Lo], obs_len [n]) -> (exp, exp_len, has)
 
@@ -61,11 +62,11 @@ def compiled(rt) -> Fns:
         return finish(rt, state, p, ep)
 
     def turn_at(temperature):
-        def turn(params, k_play, t, task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len):
-            chex.assert_rank([task_tokens, exp, obs, obs_len], [2, 2, 2, 1])
+        def turn(params, k_play, t, task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len, live):
+            chex.assert_rank([task_tokens, exp, obs, obs_len, live], [2, 2, 2, 1, 1])
             return sample_turn(rt.actor_graphdef, params, rt.tiny.seg, allowed, rt.tiny.action_ids, k_play, t,
                                task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len, temperature=temperature,
-                               turn_marker=cfg.rollout.turn_marker, turn_block=cfg.rollout.turn_block)
+                               turn_marker=cfg.rollout.turn_marker, turn_block=cfg.rollout.turn_block, live=live)
 
         return jax.jit(_guard("turn", turn))
 
@@ -160,7 +161,7 @@ def play_host(rt, turn_fn, games: Games, params, k_play, *, task_tokens, task_le
             break
         with _Clock(timer, "compiled"):
             out = jax.device_get(turn_fn(params, k_play, jnp.int32(t), task_tokens, task_len, exp, exp_len, has_exp,
-                                         obs, obs_len))
+                                         obs, obs_len, jnp.asarray(~games.done)))
         with _Clock(timer, "host_env"):
             obs, obs_len, active = games.step(out[4])
         outs.append(out)
