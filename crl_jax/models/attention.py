@@ -5,6 +5,11 @@ A sampler's cache has capacity S = P + N slots, but at decode step i only P + i 
 step grows with the tokens written, not with the capacity. (`jax.nn.dot_product_attention` with
 `implementation="xla"` still computes and masks the whole [T, S] score matrix, i.e. costs the capacity; its
 cuDNN path on GPUs is a possible follow-up, to be compared with this one by experiments/bench/gpu.sh.)
+
+`dense_attention` is the uncached (training / scoring) attention over a [B, T, S] mask, in one of three
+implementations (`TransformerConfig.attn_impl`): "einsum" (explicit float32 scores and softmax: the default,
+every backend), "xla" and "cudnn" (`jax.nn.dot_product_attention`; "cudnn" is its fused flash-attention kernel,
+CUDA GPUs and bf16 / fp16 only, which never writes the [B, H, T, S] score matrix to memory).
 """
 
 from __future__ import annotations
@@ -14,6 +19,38 @@ import math
 import chex
 import jax
 import jax.numpy as jnp
+
+ATTN_IMPLS = ("einsum", "xla", "cudnn")
+
+
+def dense_attention(q, k, v, mask, num_kv_heads: int, impl: str = "einsum"):
+    """q [B, T, Nq, D], k / v [B, S, Hkv, D], mask [B, T, S] (True = attend) -> [B, T, Nq*D].
+
+    Scaled by 1/sqrt(D). A query row with no valid key (a padded query) gets 0 in every implementation (a
+    plain softmax would spread it uniformly over the masked keys). "einsum" computes the scores and the softmax
+    in float32; "xla" / "cudnn" call `jax.nn.dot_product_attention` with that implementation (grouped-query
+    heads native, the mask folded into an additive bias; their score precision is the backend's).
+    """
+    chex.assert_rank([q, k, v, mask], [4, 4, 4, 3])
+    B, T, Nq, D = q.shape
+    if impl == "einsum":
+        G = Nq // num_kv_heads
+        qg = q.reshape(B, T, num_kv_heads, G, D)
+        s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(D)
+        s = jnp.where(mask[:, None, None, :, :], s, jnp.finfo(jnp.float32).min)
+        p = jax.nn.softmax(s, axis=-1)
+        p = jnp.where(mask.any(-1)[:, None, None, :, None], p, 0.0)
+        o = jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v)
+        return o.reshape(B, T, Nq * D)
+    if impl not in ATTN_IMPLS:
+        raise ValueError(f"attention implementation {impl!r}: choose one of {ATTN_IMPLS}")
+    if impl == "cudnn" and jax.default_backend() != "gpu":
+        raise ValueError(f"attn_impl='cudnn' needs a CUDA GPU (the default backend is {jax.default_backend()!r}); "
+                         "use 'einsum' or 'xla'")
+    o = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask[:, None],
+                                     scale=1.0 / math.sqrt(D), implementation=impl)
+    o = jnp.where(mask.any(-1)[:, :, None, None], o, 0).astype(v.dtype)
+    return o.reshape(B, T, Nq * D)
 
 
 def attend_live(q, kc, vc, layer, valid, cache_index, num_kv_heads: int, block: int = 128):

@@ -31,7 +31,6 @@ reverse-mode differentiation does not support); training uses the uncached call.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -39,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from crl_jax.models.attention import attend_live
+from crl_jax.models.attention import attend_live, dense_attention
 from crl_jax.models.layers import apply_rope, rms_norm, rope_inv_freq  # noqa: F401  (re-exported)
 from crl_jax.models.transformer_config import (  # noqa: F401  (re-exported)
     TransformerConfig, as_dtype, tiny_config)
@@ -307,18 +306,8 @@ class Transformer(nnx.Module):
         return q, k, v
 
     def _attend(self, q, k, v, mask):
-        """q [B,T,Nq,D], k/v [B,S,Nkv,D], mask [B,T,S] -> [B,T,Nq*D]; softmax in float32."""
-        cfg = self.cfg
-        B, T, Nq, D = q.shape
-        G = Nq // cfg.num_kv_heads
-        qg = q.reshape(B, T, cfg.num_kv_heads, G, D)
-        s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(D)
-        s = jnp.where(mask[:, None, None, :, :], s, jnp.finfo(jnp.float32).min)
-        p = jax.nn.softmax(s, axis=-1)
-        # A query row with no valid key (a padded query) gets uniform weights; zero it instead.
-        p = jnp.where(mask.any(-1)[:, None, None, :, None], p, 0.0)
-        o = jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v)
-        return o.reshape(B, T, Nq * D)
+        """q [B,T,Nq,D], k/v [B,S,Nkv,D], mask [B,T,S] -> [B,T,Nq*D] (`attention.dense_attention`)."""
+        return dense_attention(q, k, v, mask, self.cfg.num_kv_heads, self.cfg.attn_impl)
 
 
 class PrefixKV(NamedTuple):

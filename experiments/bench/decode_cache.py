@@ -9,7 +9,11 @@ attention over the live blocks only).
 Variants (same weights, prompts and key, greedy, no stop token so every step runs):
 - `old`: experiments/bench/legacy_decode.py (the code before #16);
 - `inplace`: the library with `attn_block` >= capacity (one block = the whole cache: item 2 alone);
-- `live`: the library with `attn_block` = --block (items 2 + 3).
+- `live`: the library with `attn_block` = --block (items 2 + 3);
+- `inplace_unrolled` / `live_unrolled`: the same with the layers as straight-line code (`unroll_layers` = the
+  model's depth; the library unrolls only models of <= 8 layers by default), for deep models on a GPU, where a
+  layer scan and a data-dependent block loop cost host round trips per step.
+`--variants` picks a subset (`old` always runs: it is the reference of every ratio).
 Each repeat runs every variant once (interleaved, so load changes hit all alike); printed: median ms per
 generate call, decode tok/s, and the per-repeat ratio old / variant as min / median / max.
 """
@@ -53,7 +57,8 @@ def uptime() -> str:
         return "n/a"
 
 
-def run(model: str, batches, P: int, N: int, block: int, reps: int, dtype: str) -> list[dict]:
+def run(model: str, batches, P: int, N: int, block: int, reps: int, dtype: str,
+        names=("old", "inplace", "live")) -> list[dict]:
     gd, pa, cfg = build(model, dtype)
     new = jax.jit(S.sample_tokens, static_argnums=(0, 5))
     rows = []
@@ -62,11 +67,16 @@ def run(model: str, batches, P: int, N: int, block: int, reps: int, dtype: str) 
         plen = jnp.full((B,), P, jnp.int32)
         key = jax.random.key(2)
         base = dict(max_new_tokens=N, temperature=0.0)
-        variants = {
+        unroll = dict(unroll_layers=cfg.num_layers)
+        every = {
             "old": lambda: LD.legacy_generate_jit(gd, pa, prompt, plen, key, S.SamplerConfig(**base)),
             "inplace": lambda: new(gd, pa, prompt, plen, key, S.SamplerConfig(**base, attn_block=P + N)),
             "live": lambda: new(gd, pa, prompt, plen, key, S.SamplerConfig(**base, attn_block=block)),
+            "inplace_unrolled": lambda: new(gd, pa, prompt, plen, key,
+                                            S.SamplerConfig(**base, attn_block=P + N, **unroll)),
+            "live_unrolled": lambda: new(gd, pa, prompt, plen, key, S.SamplerConfig(**base, attn_block=block, **unroll)),
         }
+        variants = {k: f for k, f in every.items() if k == "old" or k in names}
         outs = {k: jax.block_until_ready(f()) for k, f in variants.items()}  # compile + warm
         same = all(bool((outs[k][0] == outs["old"][0]).all()) for k in outs)
         times = {k: [] for k in variants}
@@ -84,18 +94,19 @@ def run(model: str, batches, P: int, N: int, block: int, reps: int, dtype: str) 
                 r = sorted(o / v for o, v in zip(times["old"], times[k]))
                 row[f"old_over_{k}"] = [r[0], statistics.median(r), r[-1]]
         rows.append(row)
+        print(json.dumps(row), flush=True)  # each batch's row as soon as it is measured
     return rows
 
 
 def table(rows) -> str:
-    out = ["| model | B | P | N | old ms | in-place ms | live ms | old / in-place (min/med/max) | "
-           "old / live (min/med/max) | live tok/s | same tokens | load |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| model | B | P | N | variant | ms / call | tok/s | old / variant (min/med/max) | same tokens | load |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda r: " / ".join(f"{x:.2f}" for x in r)  # noqa: E731
     for r in rows:
-        out.append(f"| {r['model']} | {r['batch']} | {r['P']} | {r['N']} | {r['old_ms']:.1f} | {r['inplace_ms']:.1f} | "
-                   f"{r['live_ms']:.1f} | {f(r['old_over_inplace'])} | {f(r['old_over_live'])} | "
-                   f"{r['live_tok_s']:,.0f} | {r['same_tokens']} | {r['load']} |")
+        for k in [c[:-3] for c in r if c.endswith("_ms")]:
+            ratio = f(r[f"old_over_{k}"]) if k != "old" else "1"
+            out.append(f"| {r['model']} | {r['batch']} | {r['P']} | {r['N']} | {k} | {r[f'{k}_ms']:.1f} | "
+                       f"{r[f'{k}_tok_s']:,.0f} | {ratio} | {r['same_tokens']} | {r['load']} |")
     return "\n".join(out)
 
 
@@ -108,12 +119,15 @@ def main(argv=None):
     p.add_argument("--block", type=int, default=32)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--variants", default="old,inplace,live",
+                   help="comma list of old, inplace, live, inplace_unrolled, live_unrolled")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     if a.smoke:
         a.model, a.batches, a.prompt_len, a.new_tokens, a.block, a.reps = "micro", "2", 8, 8, 4, 1
-    rows = run(a.model, [int(b) for b in a.batches.split(",")], a.prompt_len, a.new_tokens, a.block, a.reps, a.dtype)
+    rows = run(a.model, [int(b) for b in a.batches.split(",")], a.prompt_len, a.new_tokens, a.block, a.reps, a.dtype,
+               tuple(a.variants.split(",")))
     print(f"device: {jax.devices()[0].device_kind}, jax {jax.__version__}")
     print(table(rows))
     if a.json:

@@ -3,28 +3,41 @@
 #
 #   experiments/bench/gpu.sh [RESULTS.json]          # default: $OUT/gpu_results.json, else ./gpu_results.json
 #   experiments/bench/gpu.sh --smoke [RESULTS.json]  # tiny sizes on CPU in tens of seconds (CI: tests/integration/test_gpu_script.py)
+#   DEADLINE_S=575 experiments/bench/gpu.sh --explore  # also the exploration steps below, inside one 10-min call
+#   experiments/bench/gpu.sh --only=sampler,train_mfu [RESULTS.json]  # just those steps (e.g. a lease in two calls)
 #   LLM_BUDGET_S=420 experiments/bench/gpu.sh --llm-only [RESULTS.json]  # the [llm] GPU run as its own call
 #
-# Steps (each under its own `timeout`, so one slow step cannot eat the others' time; a failed or timed-out
-# step is recorded with its exit status and log tail, and the script goes on):
+# Steps, in this order (each under its own `timeout`, cut to what is left of DEADLINE_S, default 480 s, so one
+# slow step cannot eat the others' time; a failed, timed-out or skipped step is recorded with its exit status
+# and log tail, and the script goes on; the benchmarks print each row as it is measured, so a step cut short
+# still leaves its finished rows in its log tail):
 #   sampler        SmolLM2-135M shape (random weights), bf16, decode at batch 256 and batch-1 step time
-#   decode_cache   the same shape: old sampler vs in-place cache vs live-length attention (ratios, one process)
-#   train_mfu      Qwen2.5-0.5B shape training step MFU, vocabulary-tiled vs full-logits log-probs
+#   train_mfu      Qwen2.5-0.5B shape training step MFU: vocabulary-tiled vs full-logits log-probs, and the tiled
+#                  one with cuDNN flash attention (attn_impl="cudnn")
 #   iteration      CRL vs GRPO iteration of the embedded default, and 8 vmapped seeds vs 1 (sweep.vmapped_chunk);
 #                  on a fresh machine it may first train the tiny prior (cached afterwards; see crl_jax/learner/pretrain.py)
+#   decode_cache   the same shape: old sampler vs in-place cache vs live-length attention, each also with the
+#                  30 layers unrolled (ratios, one process)
 #   logprob_memory compiled temporary memory of the log-prob loss at V 49,152 / T 1,024 and at Qwen's V
+# --explore (after those, in the time left): explore_mfu_noremat = train_mfu's cuDNN variant without remat
+#   (remat recomputes each block's forward, work that MFU does not count); explore_cmdbuf = the sampler at batch 1 and 256 with XLA's command
+#   buffers (CUDA graphs) extended to while loops and conditionals, scan and unrolled layers (launch overhead)
 # Targets (issue #16): decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
 set -u
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's crl_jax, whatever is installed
 SMOKE=0
 LLM_ONLY=0
+EXPLORE=0
+ONLY=""
 RES=""
 for arg in "$@"; do
   case "$arg" in
     --smoke) SMOKE=1 ;;
     --llm-only) LLM_ONLY=1 ;;
-    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    --explore) EXPLORE=1 ;;
+    --only=*) ONLY=",${arg#--only=}," ;;
+    -h|--help) sed -n 2,25p "$0"; exit 0 ;;
     *) RES="$arg" ;;
   esac
 done
@@ -33,6 +46,7 @@ mkdir -p "$(dirname "$RES")"
 WORK="$(mktemp -d)"
 PY="${PYTHON:-python}"
 START=$(date +%s)
+DEADLINE=$(( START + ${DEADLINE_S:-480} ))
 
 if [ "$SMOKE" = 1 ]; then
   export JAX_PLATFORMS=cpu
@@ -40,10 +54,20 @@ if [ "$SMOKE" = 1 ]; then
 fi
 
 # step NAME SECONDS SCRIPT ARGS... : runs `python experiments/bench/SCRIPT ARGS --json WORK/NAME.json`
+# (cut to the time left before DEADLINE; skipped, rc 125, when under 20 s are left)
 step() {
   local name="$1" limit="$2" script="$3"
   shift 3
+  case "$ONLY" in "" | *",$name,"*) ;; *) return ;; esac  # --only: not one of the named steps
   local t0=$(date +%s)
+  local left=$(( DEADLINE - t0 ))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 20 ]; then
+    echo "== $name: skipped (${left}s left before the deadline)"
+    echo "skipped: ${left}s left before DEADLINE_S" >"$WORK/$name.log"
+    echo "125 0" >"$WORK/$name.rc"
+    return
+  fi
   echo "== $name (limit ${limit}s): $script $*"
   timeout "$limit" "$PY" "experiments/bench/$script" "$@" --json "$WORK/$name.json" >"$WORK/$name.log" 2>&1
   local rc=$?
@@ -64,16 +88,23 @@ elif [ "$SMOKE" = 1 ]; then  # generous limits: they only catch hangs (a loaded 
   timeout 150 "$PY" experiments/bench/iteration.py --help >"$WORK/iteration.log" 2>&1
   echo "$? 0" >"$WORK/iteration.rc"
 else
-  step sampler 70 sampler.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
+  step sampler 90 sampler.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
     --dtype bfloat16 --reps 3
-  step decode_cache 80 decode_cache.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
-    --block 128 --dtype bfloat16 --reps 3
-  step train_mfu 100 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --variants chunked,full
-  step iteration 150 iteration.py --steps 3 --seeds 8 --reps 2
-  step logprob_memory 45 logprob_memory.py --batch 8 --seq 1024 --hidden 576 --vocab 49152 --dtype bfloat16 \
+  step train_mfu 130 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --variants chunked,full,cudnn
+  step iteration 170 iteration.py --steps 3 --seeds 8 --reps 2
+  step decode_cache 110 decode_cache.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
+    --block 128 --dtype bfloat16 --reps 3 --variants old,inplace,live,inplace_unrolled,live_unrolled
+  step logprob_memory 40 logprob_memory.py --batch 8 --seq 1024 --hidden 576 --vocab 49152 --dtype bfloat16 \
     --time 3 --model
+  if [ "$EXPLORE" = 1 ]; then
+    step explore_mfu_noremat 70 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
+      --variants cudnn
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE \
+--xla_gpu_graph_min_graph_size=1" step explore_cmdbuf 90 sampler.py --model smollm2-shape --batches 1,256 \
+      --prompt-len 128 --new-tokens 128 --dtype bfloat16 --reps 3 --unroll-layers 8,30
+  fi
   # [llm] (issue #17): SmolLM2 CRL vs GRPO on the lit room (experiments/llm_gpu_run.sh), only when
-  # LLM_BUDGET_S > 0 — the benchmarks above already take ~7.4 min of the 8, so on a 10-minute device call
+  # LLM_BUDGET_S > 0 — the benchmarks above take most of the 8 minutes, so on a 10-minute device call
   # run it as its own call: LLM_BUDGET_S=420 bash experiments/bench/gpu.sh --llm-only
   :
 fi

@@ -80,7 +80,7 @@ def timed(fn, reps: int) -> tuple[float, float]:
     return first, statistics.median(times)
 
 
-def bench_one(gd, pa, B: int, P: int, N: int, reps: int) -> dict:
+def bench_one(gd, pa, B: int, P: int, N: int, reps: int, unroll: int = S.SamplerConfig.unroll_layers) -> dict:
     cfg = tr.merge(gd, pa).cfg
     key = jax.random.key(B)
     prompt = jax.random.randint(key, (B, P), 0, cfg.vocab_size, jnp.int32)
@@ -95,14 +95,15 @@ def bench_one(gd, pa, B: int, P: int, N: int, reps: int) -> dict:
         return model.unembed(h[:, -1:]), cache
 
     def gen(n):
-        return lambda: S.generate((gd, pa), prompt, plen, jax.random.key(1), max_new_tokens=n, temperature=1.0)
+        return lambda: S.generate((gd, pa), prompt, plen, jax.random.key(1), max_new_tokens=n, temperature=1.0,
+                                  unroll_layers=unroll)
 
     c_pre, t_pre = timed(lambda: prefill(pa, prompt), reps)
     c_gen, t_gen = timed(gen(N), reps)
     _, t_one = timed(gen(1), reps)  # prefill + one sampled token: the fixed part of generate
     t_dec = t_gen - t_one
     dec = B * (N - 1) / t_dec if t_dec > 0 else float("nan")  # nan: decode time lost in timing noise
-    return dict(batch=B, prompt_len=P, new_tokens=N, prefill_s=t_pre, generate_s=t_gen,
+    return dict(batch=B, unroll_layers=unroll, layers_unrolled=cfg.num_layers <= unroll, prompt_len=P, new_tokens=N, prefill_s=t_pre, generate_s=t_gen,
                 prefill_tok_s=B * P / t_pre, decode_tok_s=dec, decode_step_ms=1e3 * t_dec / (N - 1),
                 compile_s=max(0.0, (c_pre - t_pre) + (c_gen - t_gen)))  # noise can make it < 0
 
@@ -112,7 +113,7 @@ def table(rows: list[dict]) -> str:
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         out.append(f"| {r['model']} | {r['dtype']} | {r['batch']} | {r['prompt_len']} | {r['new_tokens']} | "
-                   f"{r['prefill_tok_s']:,.0f} | {r['decode_tok_s']:,.0f} | {r['decode_step_ms']:.1f} | "
+                   f"{r['prefill_tok_s']:,.0f} | {r['decode_tok_s']:,.0f} | {r['decode_step_ms']:.3f} | "
                    f"{r['compile_s']:.1f} |")
     return "\n".join(out)
 
@@ -138,6 +139,9 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--unroll-layers", default=str(S.SamplerConfig.unroll_layers),
+                    help="comma list of SamplerConfig.unroll_layers values (models with at most this many layers "
+                         "decode with straight-line layers; default: the library's)")
     ap.add_argument("--quick", action="store_true", help="batches <= 8; P=16; N=8; 2 reps")
     ap.add_argument("--json", metavar="OUT", help="write the rows as JSON")
     ap.add_argument("--results", metavar="MD", help="append the table to this markdown file")
@@ -161,12 +165,13 @@ def main(argv=None) -> int:
         if loaded is None:
             continue
         gd, pa, label = loaded
-        for B in batches:
-            r = bench_one(gd, pa, B, P, N, reps)
-            r.update(model=label, dtype=a.dtype)
-            rows.append(r)
-            print(f"{label} B={B}: prefill {r['prefill_tok_s']:,.0f} tok/s, decode {r['decode_tok_s']:,.0f} tok/s",
-                  flush=True)
+        for unroll in [int(u) for u in a.unroll_layers.split(",")]:
+            for B in batches:
+                r = bench_one(gd, pa, B, P, N, reps, unroll)
+                r.update(model=label + (" (layers unrolled)" if r["layers_unrolled"] else ""), dtype=a.dtype)
+                rows.append(r)
+                print(f"{r['model']} B={B}: prefill {r['prefill_tok_s']:,.0f} tok/s, decode {r['decode_tok_s']:,.0f} "
+                      f"tok/s, {r['decode_step_ms']:.3f} ms/step", flush=True)
     if not rows:
         print("nothing measured")
         return 1

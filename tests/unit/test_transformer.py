@@ -132,3 +132,49 @@ def test_attend_live_reads_nothing_past_the_live_length():
     np.testing.assert_allclose(np.asarray(out[0, 0]), want, rtol=1e-5, atol=1e-6)
     none = attention.attend_live(q, k, v, 0, jnp.zeros((B, S), bool), idx, Kv, block=4)
     assert not np.asarray(none).any()
+
+
+def test_dense_attention_on_literal_values():
+    """One query, two keys (one masked), D = 4: softmax over the single valid key gives its value exactly;
+    with both valid, weights exp(s_i) / sum (hand-computed scores 1 and 0 after the 1/sqrt(4) scale)."""
+    q = jnp.array([[[[2.0, 0.0, 0.0, 0.0]]]])  # [B=1, T=1, Nq=1, D=4]
+    k = jnp.array([[[[1.0, 0.0, 0.0, 0.0]], [[0.0, 1.0, 0.0, 0.0]]]])  # [1, S=2, 1, 4]: scores 2/2 = 1 and 0
+    v = jnp.array([[[[1.0, 2.0, 3.0, 4.0]], [[5.0, 6.0, 7.0, 8.0]]]])
+    for impl in ("einsum", "xla"):
+        one = attention.dense_attention(q, k, v, jnp.array([[[True, False]]]), 1, impl)
+        np.testing.assert_allclose(np.asarray(one[0, 0]), [1.0, 2.0, 3.0, 4.0], rtol=1e-6)
+        both = attention.dense_attention(q, k, v, jnp.array([[[True, True]]]), 1, impl)
+        w = np.exp(1.0) / (np.exp(1.0) + 1.0)
+        np.testing.assert_allclose(np.asarray(both[0, 0]), w * np.arange(1, 5) + (1 - w) * np.arange(5, 9), rtol=1e-6)
+        none = attention.dense_attention(q, k, v, jnp.zeros((1, 1, 2), bool), 1, impl)
+        assert not np.asarray(none).any()  # a query with no valid key gets 0, not a uniform average
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_xla_attention_equals_einsum_with_padding_and_grouped_heads(jit):
+    """attn_impl "xla" (jax.nn.dot_product_attention) gives the same logits and gradients as the float32
+    einsum path on a padded, grouped-query model; "cudnn" off a GPU is a clear error."""
+    cfg = tr.tiny_config(300, num_heads=4, num_kv_heads=2)
+    models = {impl: tr.create(cfg.replace(attn_impl=impl), jax.random.key(0)) for impl in ("einsum", "xla")}
+    toks = jax.random.randint(jax.random.key(1), (2, 9), 0, 300)
+    mask = jnp.arange(9)[None, :] < jnp.array([[9], [5]])  # row 1 right-padded: padded queries see keys 0..4
+
+    def loss(params, impl):
+        logits = tr.merge(tr.split(models[impl])[0], params)(toks, attention_mask=mask)
+        return jnp.sum(jnp.where(mask[..., None], logits, 0.0) ** 2) * 1e-3, logits
+
+    outs = {}
+    for impl, m in models.items():
+        f = jax.value_and_grad(lambda p: loss(p, impl), has_aux=True)
+        outs[impl] = (jax.jit(f) if jit else f)(tr.split(m)[1])
+    (l_e, lo_e), g_e = outs["einsum"]
+    (l_x, lo_x), g_x = outs["xla"]
+    np.testing.assert_allclose(np.asarray(lo_x), np.asarray(lo_e), atol=2e-5)
+    np.testing.assert_allclose(float(l_x), float(l_e), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g_x), jax.tree.leaves(g_e)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-4)
+    if jax.default_backend() != "gpu":
+        with pytest.raises(ValueError, match="needs a CUDA GPU"):
+            tr.create(cfg.replace(attn_impl="cudnn"), jax.random.key(0))(toks)
+    with pytest.raises(ValueError, match="attn_impl"):
+        cfg.replace(attn_impl="flash")
