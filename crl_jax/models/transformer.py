@@ -144,7 +144,7 @@ class Transformer(nnx.Module):
             mask = attention_mask[:, None, :] & causal[None]  # [B, T, T]
 
             def block(h, lp):
-                return self._layer(h, lp, positions, inv_freq, attn_factor, mask)[0], None
+                return self._layer(h, lp, positions, inv_freq, attn_factor, mask, causal=True)[0], None
 
             if cfg.remat:
                 block = jax.checkpoint(block)
@@ -244,11 +244,12 @@ class Transformer(nnx.Module):
         return jnp.asarray(inv_freq), attn_factor
 
     def _layer(self, h, lp, positions, inv_freq, attn_factor, mask, *, query_at=None, past_kv=None,
-               return_kv=False):
+               return_kv=False, causal=False):
         """One uncached decoder block -> (h, None), or (h, (k, v)) with `return_kv`. `query_at` [B]: keys and
         values of every position, but attention output and MLP for that one position only (h comes back
         [B, 1, H]). `past_kv` (k, v) [B, Lp, Hkv, D]: keys and values of earlier positions, attended before
-        this block's own (`mask` then covers Lp + T keys)."""
+        this block's own (`mask` then covers Lp + T keys). `causal`: `mask` includes the plain causal mask (the
+        uncached forward), which `dense_attention` may pass on to a fused kernel."""
         x = rms_norm(h, lp["attn_norm"], self.cfg.rms_norm_eps)
         q, k, v = self._qkv(x, lp, positions, inv_freq, attn_factor)
         new_kv = (k, v) if return_kv else None
@@ -258,7 +259,7 @@ class Transformer(nnx.Module):
         if query_at is not None:
             q = jnp.take_along_axis(q, query_at[:, None, None, None], axis=1)  # [B, 1, Nq, D]
             h = jnp.take_along_axis(h, query_at[:, None, None], axis=1)  # [B, 1, H]
-        h = h + jnp.einsum("btf,fh->bth", self._attend(q, k, v, mask), lp["wo"]).astype(h.dtype)
+        h = h + jnp.einsum("btf,fh->bth", self._attend(q, k, v, mask, causal), lp["wo"]).astype(h.dtype)
         return h + self._mlp(h, lp), new_kv
 
     def _cached_layer(self, h, lp, layer, positions, inv_freq, attn_factor, valid, kc, vc, cache_index, block):
@@ -305,9 +306,9 @@ class Transformer(nnx.Module):
         k = apply_rope(k, positions, inv_freq, attn_factor)
         return q, k, v
 
-    def _attend(self, q, k, v, mask):
+    def _attend(self, q, k, v, mask, causal=False):
         """q [B,T,Nq,D], k/v [B,S,Nkv,D], mask [B,T,S] -> [B,T,Nq*D] (`attention.dense_attention`)."""
-        return dense_attention(q, k, v, mask, self.cfg.num_kv_heads, self.cfg.attn_impl)
+        return dense_attention(q, k, v, mask, self.cfg.num_kv_heads, self.cfg.attn_impl, causal)
 
 
 class PrefixKV(NamedTuple):

@@ -11,17 +11,20 @@
 # slow step cannot eat the others' time; a failed, timed-out or skipped step is recorded with its exit status
 # and log tail, and the script goes on; the benchmarks print each row as it is measured, so a step cut short
 # still leaves its finished rows in its log tail):
+#   gpu_checks     correctness of the backend-dependent paths: cuDNN attention vs einsum (logits, gradients),
+#                  the GPU decode plan vs the CPU one (same greedy tokens)
 #   sampler        SmolLM2-135M shape (random weights), bf16, decode at batch 256 and batch-1 step time
 #   train_mfu      Qwen2.5-0.5B shape training step MFU: vocabulary-tiled vs full-logits log-probs, and the tiled
-#                  one with cuDNN flash attention (attn_impl="cudnn")
+#                  one with cuDNN flash attention (attn_impl="cudnn"), with and without its causal tile skipping
 #   iteration      CRL vs GRPO iteration of the embedded default, and 8 vmapped seeds vs 1 (sweep.vmapped_chunk);
 #                  on a fresh machine it may first train the tiny prior (cached afterwards; see crl_jax/learner/pretrain.py)
 #   decode_cache   the same shape: old sampler vs in-place cache vs live-length attention, each also with the
 #                  30 layers unrolled (ratios, one process)
 #   logprob_memory compiled temporary memory of the log-prob loss at V 49,152 / T 1,024 and at Qwen's V
-# --explore (after those, in the time left): explore_mfu_noremat = train_mfu's cuDNN variant without remat
-#   (remat recomputes each block's forward, work that MFU does not count); explore_cmdbuf = the sampler at batch 1 and 256 with XLA's command
-#   buffers (CUDA graphs) extended to while loops and conditionals, scan and unrolled layers (launch overhead)
+# --explore (after those, in the time left): explore_cmdbuf = the sampler at batch 1 and 256 with XLA's command
+#   buffers (CUDA graphs) extended to while loops and conditionals (launch overhead); explore_head_qwen(_big) =
+#   the vocabulary-tiled log-prob head alone at the Qwen2.5-0.5B shape (B 8 x T 2048, H 896, V 151,936), default
+#   and larger tiles; explore_mfu_noremat = train_mfu's cuDNN variant without remat
 # Targets (issue #16): decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
 set -u
 cd "$(dirname "$0")/../.."
@@ -79,6 +82,7 @@ step() {
 if [ "$LLM_ONLY" = 1 ]; then
   :  # only the [llm] run below
 elif [ "$SMOKE" = 1 ]; then  # generous limits: they only catch hangs (a loaded 2-core CI runner is slow)
+  step gpu_checks 150 gpu_checks.py --smoke
   step sampler 150 sampler.py --model tiny --batches 2 --prompt-len 8 --new-tokens 4 --reps 1
   step decode_cache 150 decode_cache.py --smoke
   step train_mfu 150 train_mfu.py --smoke --variants chunked,full
@@ -88,20 +92,26 @@ elif [ "$SMOKE" = 1 ]; then  # generous limits: they only catch hangs (a loaded 
   timeout 150 "$PY" experiments/bench/iteration.py --help >"$WORK/iteration.log" 2>&1
   echo "$? 0" >"$WORK/iteration.rc"
 else
+  step gpu_checks 60 gpu_checks.py
   step sampler 90 sampler.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
     --dtype bfloat16 --reps 3
-  step train_mfu 130 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --variants chunked,full,cudnn
+  step train_mfu 130 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 \
+    --variants chunked,full,cudnn,cudnn_fullmask
   step iteration 170 iteration.py --steps 3 --seeds 8 --reps 2
   step decode_cache 110 decode_cache.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
     --block 128 --dtype bfloat16 --reps 3 --variants old,inplace,live,inplace_unrolled,live_unrolled
   step logprob_memory 40 logprob_memory.py --batch 8 --seq 1024 --hidden 576 --vocab 49152 --dtype bfloat16 \
     --time 3 --model
   if [ "$EXPLORE" = 1 ]; then
-    step explore_mfu_noremat 70 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
-      --variants cudnn
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE \
 --xla_gpu_graph_min_graph_size=1" step explore_cmdbuf 90 sampler.py --model smollm2-shape --batches 1,256 \
-      --prompt-len 128 --new-tokens 128 --dtype bfloat16 --reps 3 --unroll-layers 8,30
+      --prompt-len 128 --new-tokens 128 --dtype bfloat16 --reps 3
+    step explore_head_qwen 45 logprob_memory.py --batch 8 --seq 2048 --hidden 896 --vocab 151936 --dtype bfloat16 \
+      --time 3
+    step explore_head_qwen_big 45 logprob_memory.py --batch 8 --seq 2048 --hidden 896 --vocab 151936 \
+      --dtype bfloat16 --time 3 --token-chunk 4096 --vocab-chunk 32768
+    step explore_mfu_noremat 70 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
+      --variants cudnn
   fi
   # [llm] (issue #17): SmolLM2 CRL vs GRPO on the lit room (experiments/llm_gpu_run.sh), only when
   # LLM_BUDGET_S > 0 — the benchmarks above take most of the 8 minutes, so on a 10-minute device call

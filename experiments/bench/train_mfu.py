@@ -5,7 +5,8 @@
 One step = forward + backward of the token log-prob loss + AdamW, bf16 parameters, optional remat per
 block. `--variants chunked,full,cudnn` measures the library's vocabulary-tiled `train_state.token_logprobs`,
 the full-logits version it replaced (#16), and the tiled one with cuDNN flash attention
-(`TransformerConfig.attn_impl="cudnn"`, GPU only) in one process; each variant's row is printed when done. MFU = model FLOPs / time / peak,
+(`TransformerConfig.attn_impl="cudnn"`, GPU only; `cudnn_fullmask`: the same without `is_causal`, so the
+kernel also computes the tiles above the diagonal) in one process; each variant's row is printed when done. MFU = model FLOPs / time / peak,
 with model FLOPs = 6 * (non-embedding params + unembedding) * tokens + 6 * L * T * H_attn * tokens
 (causal attention counted at half). Peak defaults to the H200's 989 TFLOP/s dense bf16.
 """
@@ -22,6 +23,7 @@ import optax
 from flax import nnx
 
 from crl_jax.learner import train_state as ts
+from crl_jax.models import attention
 from crl_jax.models import transformer as tr
 from crl_jax.models.presets import preset_config
 
@@ -35,6 +37,13 @@ def model_flops_per_token(cfg, seq: int) -> float:
     return 6.0 * dense + 6.0 * attn
 
 
+_DENSE = attention.dense_attention
+
+
+def _dense_no_causal(q, k, v, mask, num_kv_heads, impl="einsum", causal=False):
+    return _DENSE(q, k, v, mask, num_kv_heads, impl, False)
+
+
 def old_token_logprobs(gd, params, tokens, mask):
     """The learner's log-probs before #16: full [B, T, V] float32 logits (the baseline of --variants)."""
     logits = nnx.merge(gd, params)(tokens)[:, :-1].astype(jnp.float32)
@@ -43,8 +52,10 @@ def old_token_logprobs(gd, params, tokens, mask):
 
 
 def measure(cfg, variant: str, a) -> dict:
-    if variant == "cudnn":
+    if variant.startswith("cudnn"):
         cfg = cfg.replace(attn_impl="cudnn")
+    # cudnn_fullmask: the same kernel without `is_causal` (it then computes the tiles above the diagonal too)
+    tr.dense_attention = _dense_no_causal if variant == "cudnn_fullmask" else _DENSE  # what Transformer calls
     state = ts.create_train_state(tr.create(cfg, jax.random.key(0)), optax.adamw(1e-5))
     toks = jax.random.randint(jax.random.key(1), (a.batch, a.seq), 0, cfg.vocab_size)
     mask = jnp.ones((a.batch, a.seq), bool)

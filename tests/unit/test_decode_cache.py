@@ -115,4 +115,21 @@ def test_layer_list_forward_equals_the_scan(family):
 
 def test_unroll_layers_config_checked():
     with pytest.raises(ValueError, match="unroll_layers"):
-        S.SamplerConfig(max_new_tokens=2, unroll_layers=-1)
+        S.SamplerConfig(max_new_tokens=2, unroll_layers=-2)
+    with pytest.raises(ValueError, match="attn_block"):
+        S.SamplerConfig(max_new_tokens=2, attn_block=-1)
+
+
+def test_decode_plan_by_backend():
+    """Defaults by backend (a GPU pays a host round trip per data-dependent loop iteration): one block over the
+    whole cache and every layer unrolled there; 128-slot blocks and unrolled layers up to 8 deep elsewhere;
+    explicit values win everywhere."""
+    auto = S.SamplerConfig(max_new_tokens=4)
+    assert S.decode_plan(auto, 256, 30, backend="gpu") == (256, True)
+    assert S.decode_plan(auto, 256, 30, backend="cpu") == (128, False)
+    assert S.decode_plan(auto, 256, 8, backend="tpu") == (128, True)
+    assert S.decode_plan(auto, 256, 9, backend="tpu") == (128, False)
+    fixed = S.SamplerConfig(max_new_tokens=4, attn_block=32, unroll_layers=0)
+    for backend in ("gpu", "cpu"):
+        assert S.decode_plan(fixed, 256, 2, backend=backend) == (32, False)
+    assert S.decode_plan(auto, 256, 2) == S.decode_plan(auto, 256, 2, backend=jax.default_backend())
