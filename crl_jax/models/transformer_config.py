@@ -42,8 +42,9 @@ class TransformerConfig:
     param_dtype: str = "float32"  # storage dtype of parameters ("float32" | "bfloat16")
     remat: bool = False  # rematerialise each block in the backward pass (saves activation memory)
     family: str = "llama"  # informational: llama | qwen2 | qwen3 | tiny
-    attn_impl: str = "einsum"  # uncached attention: "einsum" (float32 softmax, any backend) | "xla" | "cudnn"
-    #                            (jax.nn.dot_product_attention; cudnn = fused flash attention, CUDA + bf16/fp16)
+    attn_impl: str = "auto"  # uncached attention: "einsum" (float32 softmax, any backend) | "xla" | "cudnn"
+    #                          (jax.nn.dot_product_attention; cudnn = fused flash attention, CUDA + bf16/fp16) |
+    #                          "auto" (cudnn where it applies, else einsum: attention.attention_impl)
 
     @property
     def dim_head(self) -> int:
@@ -61,8 +62,9 @@ class TransformerConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"TransformerConfig.{name} must be > 0, got {getattr(self, name)}")
         as_dtype(self.param_dtype)
-        if self.attn_impl not in ("einsum", "xla", "cudnn"):
-            raise ValueError(f"TransformerConfig.attn_impl must be 'einsum', 'xla' or 'cudnn', got {self.attn_impl!r}")
+        if self.attn_impl not in ("auto", "einsum", "xla", "cudnn"):
+            raise ValueError(f"TransformerConfig.attn_impl must be 'auto', 'einsum', 'xla' or 'cudnn', "
+                             f"got {self.attn_impl!r}")
 
     @property
     def rope_scaling_dict(self) -> dict | None:

@@ -52,8 +52,8 @@ def old_token_logprobs(gd, params, tokens, mask):
 
 
 def measure(cfg, variant: str, a) -> dict:
-    if variant.startswith("cudnn"):
-        cfg = cfg.replace(attn_impl="cudnn")
+    # explicit attention (the library's default "auto" takes cuDNN on a GPU): chunked / full = einsum attention
+    cfg = cfg.replace(attn_impl="cudnn" if variant.startswith("cudnn") else "einsum")
     # cudnn_fullmask: the same kernel without `is_causal` (it then computes the tiles above the diagonal too)
     tr.dense_attention = _dense_no_causal if variant == "cudnn_fullmask" else _DENSE  # what Transformer calls
     state = ts.create_train_state(tr.create(cfg, jax.random.key(0)), optax.adamw(1e-5))

@@ -178,3 +178,24 @@ def test_xla_attention_equals_einsum_with_padding_and_grouped_heads(jit):
             tr.create(cfg.replace(attn_impl="cudnn"), jax.random.key(0))(toks)
     with pytest.raises(ValueError, match="attn_impl"):
         cfg.replace(attn_impl="flash")
+
+
+def test_auto_attention_picks_cudnn_only_where_it_applies():
+    """"auto" resolves by backend, dtype, head dim and CUDA compute capability (literal cases, so the GPU branch
+    is covered on a CPU); explicit choices pass through; on this machine's backend the float32 tiny model runs
+    einsum."""
+    bf16, f32 = jnp.bfloat16, jnp.float32
+    pick = attention.attention_impl
+    assert pick("auto", bf16, 64, backend="gpu", compute_capability="9.0") == "cudnn"
+    assert pick("auto", jnp.float16, 128, backend="gpu", compute_capability="8.0") == "cudnn"
+    assert pick("auto", f32, 64, backend="gpu", compute_capability="9.0") == "einsum"  # cuDNN: bf16 / fp16 only
+    assert pick("auto", bf16, 64, backend="gpu", compute_capability="7.5") == "einsum"  # pre-Ampere
+    assert pick("auto", bf16, 256, backend="gpu", compute_capability="9.0") == "einsum"
+    assert pick("auto", bf16, 60, backend="gpu", compute_capability="9.0") == "einsum"
+    assert pick("auto", bf16, 64, backend="gpu", compute_capability="gfx90a") == "einsum"  # not CUDA
+    assert pick("auto", bf16, 64, backend="cpu") == "einsum"
+    assert pick("auto", bf16, 64, backend="tpu") == "einsum"
+    assert pick("xla", f32, 64, backend="cpu") == "xla"
+    assert tr.tiny_config(10).attn_impl == "auto"
+    if jax.default_backend() != "gpu":
+        assert pick("auto", bf16, 64) == "einsum"
