@@ -6,7 +6,8 @@
 The sweep file names a base config, common overrides, seeds and a grid of dotted keys (format in
 `crl_jax/infra/sweep.py` and `experiments/configs/sweep_example.yaml`). Grid points that build the same
 Runtime — differing only in seed, method, `loss.group_split`, `loss.advantage` or `extraction.merge` —
-run together as ONE compiled program, vmapped over every (point, seed); points that change the Runtime
+run together as ONE compiled program, vmapped over every (point, seed) (on GPUs and TPUs; on CPUs, where
+vmapping is slower, every run alone by default: `vmap_seeds` in the sweep file); points that change the Runtime
 (learning rates, model widths, groups, env, ...) are separate programs run one after another, so keep
 those axes short. `--seeds N` (seeds 0..N-1) and `--steps N` override the file; `--chunk N` sets the
 steps per compiled call, between which every run folder gets its metrics rows and an Orbax checkpoint

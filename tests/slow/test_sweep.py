@@ -20,7 +20,7 @@ from crl_jax.infra.sweep_spec import SweepSpec, _flat_overrides, expand, load_sp
 pytestmark = pytest.mark.slow
 
 BASE = {**_flat_overrides(MICRO), "steps": 2}
-SPEC = SweepSpec(overrides=BASE, grid={"method": ["crl", "grpo"]}, seeds=(0, 1))
+SPEC = SweepSpec(overrides=BASE, grid={"method": ["crl", "grpo"]}, seeds=(0, 1), vmap_seeds=True)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_one_program_one_trace_and_summary(swept):
     info = json.loads(_read(os.path.join(out, "sweep.json")))
     assert info["programs"] == [["crl/seed0", "crl/seed1", "grpo/seed0", "grpo/seed1"]]
     assert "sweep: 4 runs in 1 program(s)" in logs[0]
-    rt = plan(expand(SPEC, out))[0].rt
+    rt = plan(expand(SPEC, out), vmap_seeds=True)[0].rt
     assert sweep.TRACES[(id(rt), 2, True)] == 1  # both methods and both seeds through one trace
     assert [r["point"] for r in rows] == ["crl", "grpo"] and [r["seeds"] for r in rows] == [2, 2]
     # crl row: mean and 95% half-width (t_{0.975,1} = 12.71) of the two seeds' final held-in eval
@@ -109,7 +109,7 @@ def test_resume(swept, singles, tmp_path):
     # a longer run in a copy continues from the step-2 checkpoints == a straight 4-step single run
     cont = str(tmp_path / "cont")
     shutil.copytree(out, cont)
-    longer = SweepSpec(overrides={**BASE, "steps": 4}, grid=SPEC.grid, seeds=SPEC.seeds)
+    longer = SweepSpec(overrides={**BASE, "steps": 4}, grid=SPEC.grid, seeds=SPEC.seeds, vmap_seeds=True)
     logs = []
     run_sweep(longer, cont, chunk=2, progress=False, plot=False, log=logs.append)
     assert "resumed 4 runs from step 2" in logs
@@ -123,7 +123,7 @@ def test_resume(swept, singles, tmp_path):
 def test_runtime_changing_hyperparameter_makes_two_programs(tmp_path):
     spec = SweepSpec(overrides=BASE, grid={"actor.lr": [3e-4, 1e-3], "method": ["crl", "grpo"],
                                            "loss.advantage": ["split", "cross_group"]}, seeds=(0, 1))
-    programs = plan(expand(spec, str(tmp_path)))
+    programs = plan(expand(spec, str(tmp_path)), vmap_seeds=True)
     assert len(programs) == 2 and programs[0].rt is not programs[1].rt
     assert [len(p.members) for p in programs] == [8, 8]  # 2 methods x 2 advantages x 2 seeds, vmapped
     assert {m.cfg.actor.lr for m in programs[1].members} == {1e-3}
@@ -137,7 +137,7 @@ def test_load_spec_and_cli_dry_run(tmp_path, capsys):
     base.write_text("steps: 7\n")
     f = tmp_path / "sweep.yaml"
     f.write_text("config: base.yaml\noverrides: [" + ", ".join(f'"{o}"' for o in MICRO) + "]\nseeds: [3, 5]\n"
-                 "grid:\n  method: [crl, grpo]\n  env.params.dark: [true, false]\n")
+                 "grid:\n  method: [crl, grpo]\n  env.params.dark: [true, false]\nvmap_seeds: true\n")
     spec = load_spec(str(f))
     assert spec.seeds == (3, 5) and spec.config == str(base)
     ms = expand(spec, str(tmp_path / "o"))
@@ -154,6 +154,13 @@ def test_load_spec_and_cli_dry_run(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].startswith("program 1: 4 runs x 3 steps: crl,env.params.dark=True/seed3")
     assert len(plan(ms, vmap_seeds=False)) == 8 and not plan(ms, vmap_seeds=False)[0].vmapped
+    # the default, "auto": vmapped on accelerators, one run after another on CPUs
+    f.write_text(f.read_text().replace("vmap_seeds: true", "vmap_seeds: auto"))
+    assert load_spec(str(f)).vmap_seeds is None and SweepSpec().vmap_seeds is None
+    assert sweep.vmap_by_backend("gpu") and sweep.vmap_by_backend("tpu") and not sweep.vmap_by_backend("cpu")
+    auto = plan(ms)
+    assert [p.vmapped for p in auto] == [sweep.vmap_by_backend()] * len(auto)
+    assert len(auto) == (2 if sweep.vmap_by_backend() else 8)
     bad = tmp_path / "bad.yaml"
     bad.write_text("vmap_seeds: 2\n")
     with pytest.raises(Exception, match="vmap_seeds"):
