@@ -17,9 +17,10 @@ rolled right by pad_b = P - len_b, so every prompt ends at slot P-1 and all rows
 one scalar cache index (the transformer's cache contract). Row b's token in slot s has position s - pad_b;
 the padded slots are masked out as keys. The cache holds P + N slots; it is carried through the decode
 loop and written in place, and each step attends only over the `attn_block`-slot blocks written so far (on
-a GPU, by default, one block: see `decode_plan`). Models with at most `unroll_layers` layers run their layers as straight-line code over weights sliced once
-before the loop (a layer scan inside the loop would copy every layer's weights at every step), with the q/k/v
-and gate/up projections fused into one matmul each (fewer, larger ops: a batch-1 step is mostly per-op cost).
+a GPU, by default, one block: see `decode_plan`). Models with at most `unroll_layers` layers run their layers
+as straight-line code over weights sliced once before the loop (a layer scan inside the loop would copy every
+layer's weights at every step), with the q/k/v and gate/up projections fused into one matmul each (fewer,
+larger ops: a batch-1 step is mostly per-op cost).
 
 Sampling order (per step, per row): allowed-token mask -> temperature -> top-k -> top-p (nucleus) ->
 categorical (by inverse CDF of one uniform per row, `categorical_inverse_cdf`). The returned log-prob is that
@@ -90,11 +91,12 @@ class SamplerConfig:
 def decode_plan(cfg: SamplerConfig, capacity: int, num_layers: int, backend: str | None = None) -> tuple[int, bool]:
     """(attention block in slots, straight-line layers?) for a decode over a `capacity`-slot cache.
 
-    Explicit `cfg` values win. By backend (0 / -1): a GPU runs every data-dependent loop (the live-block loop of
-    `attend_live`, a layer scan) with a host round trip per iteration, so there one block covers the whole cache
-    and every layer is unrolled (H200, SmolLM2-135M shape, bf16, P 128 + N 128: 2.6x faster at batch 1 and at batch
-    256 than 128-slot blocks with the layer scan; experiments/bench/RESULTS.md). CPUs and TPUs loop on
-    the device: 128-slot blocks (cost grows with the tokens written) and unrolled layers up to 8 deep.
+    Explicit `cfg` values win. By backend (0 / -1): a GPU runs the live-block loop of `attend_live` (its trip
+    count is data-dependent) with a host round trip per iteration, and a layer scan slices every layer's weights
+    at every step, so there one block covers the whole cache and every layer is unrolled (H200, SmolLM2-135M
+    shape, bf16, P 128 + N 128: 2.6x faster at batch 1 and at batch 256 than 128-slot blocks with the layer scan;
+    experiments/bench/RESULTS.md). CPUs and TPUs loop on the device: 128-slot blocks (cost grows with the tokens
+    written) and unrolled layers up to 8 deep.
     """
     gpu = (backend or jax.default_backend()) == "gpu"
     block = cfg.attn_block or (max(int(capacity), 1) if gpu else 128)

@@ -3,8 +3,9 @@
 A sampler's cache has capacity S = P + N slots, but at decode step i only P + i + 1 of them hold keys.
 `attend_live` reads the cache block by block and stops after the last written block, so the cost of a
 step grows with the tokens written, not with the capacity. (`jax.nn.dot_product_attention` with
-`implementation="xla"` still computes and masks the whole [T, S] score matrix, i.e. costs the capacity; its
-cuDNN path on GPUs is a possible follow-up, to be compared with this one by experiments/bench/gpu.sh.)
+`implementation="xla"` still computes and masks the whole [T, S] score matrix, i.e. costs the capacity.) On a
+GPU the sampler reads the cache as one block instead (`sampling.decode_plan`): there the block loop's
+data-dependent trip count costs a host round trip per iteration (H200: 2.2x slower than one block).
 
 `dense_attention` is the uncached (training / scoring) attention over a [B, T, S] mask, in one of three
 implementations (`TransformerConfig.attn_impl`): "einsum" (explicit float32 scores and softmax, every backend),

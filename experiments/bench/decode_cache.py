@@ -74,7 +74,8 @@ def run(model: str, batches, P: int, N: int, block: int, reps: int, dtype: str,
             "live": lambda: new(gd, pa, prompt, plen, key, S.SamplerConfig(**base, attn_block=block)),
             "inplace_unrolled": lambda: new(gd, pa, prompt, plen, key,
                                             S.SamplerConfig(**base, attn_block=P + N, **unroll)),
-            "live_unrolled": lambda: new(gd, pa, prompt, plen, key, S.SamplerConfig(**base, attn_block=block, **unroll)),
+            "live_unrolled": lambda: new(gd, pa, prompt, plen, key,
+                                         S.SamplerConfig(**base, attn_block=block, **unroll)),
         }
         variants = {k: f for k, f in every.items() if k == "old" or k in names}
         outs = {k: jax.block_until_ready(f()) for k, f in variants.items()}  # compile + warm

@@ -104,7 +104,8 @@ def bench_one(gd, pa, B: int, P: int, N: int, reps: int, unroll: int = S.Sampler
     t_dec = t_gen - t_one
     dec = B * (N - 1) / t_dec if t_dec > 0 else float("nan")  # nan: decode time lost in timing noise
     block, straight = S.decode_plan(S.SamplerConfig(max_new_tokens=N, unroll_layers=unroll), P + N, cfg.num_layers)
-    return dict(batch=B, unroll_layers=unroll, layers_unrolled=straight, attn_block=block, prompt_len=P, new_tokens=N, prefill_s=t_pre, generate_s=t_gen,
+    return dict(batch=B, unroll_layers=unroll, layers_unrolled=straight, attn_block=block, prompt_len=P,
+                new_tokens=N, prefill_s=t_pre, generate_s=t_gen,
                 prefill_tok_s=B * P / t_pre, decode_tok_s=dec, decode_step_ms=1e3 * t_dec / (N - 1),
                 compile_s=max(0.0, (c_pre - t_pre) + (c_gen - t_gen)))  # noise can make it < 0
 

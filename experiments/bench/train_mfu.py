@@ -3,11 +3,11 @@
     python experiments/bench/train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --json OUT
 
 One step = forward + backward of the token log-prob loss + AdamW, bf16 parameters, optional remat per
-block. `--variants chunked,full,cudnn` measures the library's vocabulary-tiled `train_state.token_logprobs`,
-the full-logits version it replaced (#16), and the tiled one with cuDNN flash attention
+block. `--variants chunked,full,cudnn` measures the library's vocabulary-tiled `train_state.token_logprobs`
+and the full-logits version it replaced (#16), both with einsum attention, and the tiled one with cuDNN flash attention
 (`TransformerConfig.attn_impl="cudnn"`, GPU only; `cudnn_fullmask`: the same without `is_causal`, so the
-kernel also computes the tiles above the diagonal) in one process; each variant's row is printed when done. MFU = model FLOPs / time / peak,
-with model FLOPs = 6 * (non-embedding params + unembedding) * tokens + 6 * L * T * H_attn * tokens
+kernel also computes the tiles above the diagonal) in one process; each variant's row is printed when done.
+MFU = model FLOPs / time / peak, with model FLOPs = 6 * (non-embedding params + unembedding) * tokens + 6 * L * T * H_attn * tokens
 (causal attention counted at half). Peak defaults to the H200's 989 TFLOP/s dense bf16.
 """
 
