@@ -4,11 +4,12 @@
 
 One step = forward + backward of the token log-prob loss + AdamW, bf16 parameters, optional remat per
 block. `--variants chunked,full,cudnn` measures the library's vocabulary-tiled `train_state.token_logprobs`
-and the full-logits version it replaced (#16), both with einsum attention, and the tiled one with cuDNN flash attention
-(`TransformerConfig.attn_impl="cudnn"`, GPU only; `cudnn_fullmask`: the same without `is_causal`, so the
-kernel also computes the tiles above the diagonal) in one process; each variant's row is printed when done.
-MFU = model FLOPs / time / peak, with model FLOPs = 6 * (non-embedding params + unembedding) * tokens + 6 * L * T * H_attn * tokens
-(causal attention counted at half). Peak defaults to the H200's 989 TFLOP/s dense bf16.
+and the full-logits version it replaced (#16), both with einsum attention, and the tiled one with cuDNN
+flash attention (`TransformerConfig.attn_impl="cudnn"`, GPU only; `cudnn_fullmask`: the same without
+`is_causal`, so the kernel also computes the tiles above the diagonal) in one process; each variant's row is
+printed when done. MFU = model FLOPs / time / peak, with model FLOPs = 6 * (non-embedding params +
+unembedding) * tokens + 6 * L * T * H_attn * tokens (causal attention counted at half). Peak defaults to the
+H200's 989 TFLOP/s dense bf16.
 """
 
 from __future__ import annotations
