@@ -19,7 +19,7 @@ def test_gpu_script_smoke(tmp_path):
     out = json.loads(res.read_text())
     steps = out["steps"]
     assert out["smoke"] is True
-    assert set(steps) == {"gpu_checks", "sampler", "decode_cache", "train_mfu", "logprob_memory", "iteration"}
+    assert set(steps) == {"gpu_checks", "sampler", "decode_cache", "train_mfu", "logprob_memory", "iteration", "decode_hlo"}
     assert all(s["rc"] == 0 for s in steps.values()), {k: s["rc"] for k, s in steps.items()}
     # (decode tok/s is a difference of two timings, nan when noise wins at smoke sizes: not checked)
     assert steps["sampler"]["result"]["rows"][0]["generate_s"] > 0
@@ -31,3 +31,6 @@ def test_gpu_script_smoke(tmp_path):
     rows = {r["variant"]: r for r in steps["train_mfu"]["result"]["rows"]}
     assert abs(rows["chunked"]["loss"] - rows["full"]["loss"]) < 1e-3 * abs(rows["full"]["loss"])
     assert steps["logprob_memory"]["result"]["head_temp_ratio"] <= 0.125
+    # the compiled decode writes the cache with dynamic-update-slices and makes no whole-cache copy
+    hlo = steps["decode_hlo"]["result"]
+    assert hlo["dynamic-update-slice"] > 0 and hlo["copy"] == 0
