@@ -21,8 +21,10 @@
 #   decode_cache   the same shape: old sampler vs in-place cache vs live-length attention, each also with the
 #                  30 layers unrolled (ratios, one process)
 #   logprob_memory compiled temporary memory of the log-prob loss at V 49,152 / T 1,024 and at Qwen's V
-#   (--smoke also runs decode_hlo at micro size; on the GPU it is explore_decode_hlo)
-# --explore (after those, in the time left): explore_decode_hlo = the cache-shaped copies / converts / updates
+#   (--smoke also runs decode_hlo and gpu_profile at micro size; on the GPU they are explore steps)
+# --explore (after those, in the time left): explore_profile = kernel-by-kernel time of the SmolLM2-shape decode
+#   (B 1, 256) and the Qwen-shape training step (gpu_profile.py: jax.profiler, Perfetto JSON summed by name);
+#   explore_decode_hlo = the cache-shaped copies / converts / updates
 #   in the compiled SmolLM2-shape decode at B 256 (decode_hlo.py: what a B 256 step moves besides the new slot);
 #   explore_cmdbuf = the sampler at batch 1 and 256 with XLA's command
 #   buffers (CUDA graphs) extended to while loops and conditionals (launch overhead); explore_head_qwen(_big) =
@@ -91,6 +93,7 @@ elif [ "$SMOKE" = 1 ]; then  # generous limits: they only catch hangs (a loaded 
   step train_mfu 150 train_mfu.py --smoke --variants chunked,full
   step logprob_memory 150 logprob_memory.py --smoke --time 1
   step decode_hlo 150 decode_hlo.py --smoke
+  step gpu_profile 150 gpu_profile.py --smoke
   # iteration.py compiles the whole loop (minutes on a CPU): the smoke run only checks that it imports and
   # parses its arguments; tests/integration/test_loop.py runs the loop itself.
   timeout 150 "$PY" experiments/bench/iteration.py --help >"$WORK/iteration.log" 2>&1
@@ -107,6 +110,7 @@ else
   step logprob_memory 40 logprob_memory.py --batch 8 --seq 1024 --hidden 576 --vocab 49152 --dtype bfloat16 \
     --time 3 --model
   if [ "$EXPLORE" = 1 ]; then
+    step explore_profile 100 gpu_profile.py
     step explore_decode_hlo 60 decode_hlo.py --model smollm2-shape --batch 256 --dtype bfloat16
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE \
 --xla_gpu_graph_min_graph_size=1" step explore_cmdbuf 90 sampler.py --model smollm2-shape --batches 1,256 \

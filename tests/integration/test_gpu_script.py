@@ -19,7 +19,8 @@ def test_gpu_script_smoke(tmp_path):
     out = json.loads(res.read_text())
     steps = out["steps"]
     assert out["smoke"] is True
-    assert set(steps) == {"gpu_checks", "sampler", "decode_cache", "train_mfu", "logprob_memory", "iteration", "decode_hlo"}
+    assert set(steps) == {"gpu_checks", "sampler", "decode_cache", "train_mfu", "logprob_memory", "iteration", "decode_hlo",
+                          "gpu_profile"}
     assert all(s["rc"] == 0 for s in steps.values()), {k: s["rc"] for k, s in steps.items()}
     # (decode tok/s is a difference of two timings, nan when noise wins at smoke sizes: not checked)
     assert steps["sampler"]["result"]["rows"][0]["generate_s"] > 0
@@ -34,3 +35,6 @@ def test_gpu_script_smoke(tmp_path):
     # the compiled decode writes the cache with dynamic-update-slices and makes no whole-cache copy
     hlo = steps["decode_hlo"]["result"]
     assert hlo["dynamic-update-slice"] > 0 and hlo["copy"] == 0
+    # the profile summary read the trace back: device events per decode step, top events by time
+    prof = {r["what"]: r for r in steps["gpu_profile"]["result"]["rows"]}
+    assert prof["decode"]["events_per_step"] > 1 and prof["decode"]["top"] and prof["train"]["device_busy_s"] > 0
