@@ -96,7 +96,9 @@ def decode_plan(cfg: SamplerConfig, capacity: int, num_layers: int, backend: str
     at every step, so there one block covers the whole cache and every layer is unrolled (H200, SmolLM2-135M
     shape, bf16, P 128 + N 128: 2.6x faster at batch 1 and at batch 256 than 128-slot blocks with the layer scan;
     experiments/bench/RESULTS.md). CPUs and TPUs loop on the device: 128-slot blocks (cost grows with the tokens
-    written) and unrolled layers up to 8 deep.
+    written) and unrolled layers up to 8 deep. The GPU choice was measured at a 256-slot capacity only: with a
+    cache of thousands of slots and few of them written (a long LLM conversation's first turns), reading the whole
+    cache each step may cost more than the round trips; set `attn_block` there after measuring.
     """
     gpu = (backend or jax.default_backend()) == "gpu"
     block = cfg.attn_block or (max(int(capacity), 1) if gpu else 128)

@@ -10,25 +10,18 @@ tests/unit/test_decode_cache.py checks that the library's greedy tokens equal th
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 
 from crl_jax import sampling as S
 from crl_jax.models import transformer as tr
+from crl_jax.models.attention import dense_attention
 
 
 def _attend(cfg, q, k, v, mask):
-    B, T, Nq, D = q.shape
-    G = Nq // cfg.num_kv_heads
-    qg = q.reshape(B, T, cfg.num_kv_heads, G, D)
-    s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(D)
-    s = jnp.where(mask[:, None, None, :, :], s, jnp.finfo(jnp.float32).min)
-    p = jax.nn.softmax(s, axis=-1)
-    p = jnp.where(mask.any(-1)[:, None, None, :, None], p, 0.0)
-    o = jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v)
-    return o.reshape(B, T, Nq * D)
+    """The attention of that time: float32 scores and softmax over the whole [T, S] mask (today's "einsum")."""
+    return dense_attention(q, k, v, mask, cfg.num_kv_heads, "einsum")
 
 
 def _layer(model, h, lp, positions, inv_freq, attn_factor, mask, kc, vc, cache_index):
