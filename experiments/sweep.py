@@ -5,7 +5,7 @@
 
 The sweep file names a base config, common overrides, seeds and a grid of dotted keys (format in
 `crl_jax/infra/sweep.py` and `experiments/configs/sweep_example.yaml`). Grid points that build the same
-Runtime — differing only in seed, method, `loss.group_split`, `loss.advantage` or `extraction.merge` —
+Runtime — differing only in seed, method, `loss.group_split` or `loss.advantage` —
 run together as ONE compiled program, vmapped over every (point, seed) (on GPUs and TPUs; on CPUs, where
 vmapping is slower, every run alone by default: `vmap_seeds` in the sweep file); points that change the Runtime
 (learning rates, model widths, groups, env, ...) are separate programs run one after another, so keep

@@ -95,6 +95,8 @@ def run_merge(rt, bank, buffer, eparams, key, step):
 def maybe_merge(rt, bank, buffer, eparams, key, step, enabled, run=run_merge):
     """`run` (a path's merge) on steps where (step + 1) % merge_every == 0 and `enabled` (traced bool)."""
     cfg = rt.cfg
+    if not cfg.extraction.merge:  # static (part of the Runtime): no merge program, and no room for one in the buffer
+        return bank, buffer, jnp.int32(0)
     due = ((step + 1) % cfg.extraction.merge_every == 0) & enabled
     return jax.lax.cond(due, lambda a: run(rt, *a, eparams, key, step),
                         lambda a: (a[0], a[1], jnp.int32(0)), (bank, buffer))

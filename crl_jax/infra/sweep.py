@@ -16,7 +16,7 @@ A sweep file (YAML) names a base config, common overrides, a grid and seeds::
     #                               auto (the default): vmapped on GPUs / TPUs, alone on CPUs (faster there)
 
 Grid points whose configs build the same `Runtime` (they differ only in seed, method or the traced
-ablations `loss.group_split`, `loss.advantage`, `extraction.merge`) form one *program*: their initial
+ablations `loss.group_split`, `loss.advantage`) form one *program*: their initial
 states are stacked and every (point, seed) member runs in one `jax.jit(jax.vmap(run_steps))`. Points
 that change the Runtime (learning rates, widths, groups, env ...) form separate programs, run one after
 another. Each member writes an ordinary run folder `OUT/<point>/seed<s>/` (config.json with the point
@@ -64,10 +64,11 @@ class Program:
 
 
 def vmap_by_backend(backend: str | None = None) -> bool:
-    """The default of `vmap_seeds`: vmapped seeds on accelerators, one run after another on CPUs. Measured with
-    experiments/bench/iteration.py (8 seeds of the embedded default, 2026-12-04): 8 vmapped seeds cost 2.86x one
-    seed on an H200, so vmapping is 2.8x faster than running them in turn; on 2 CPU cores they cost 19x, so
-    there it is 2.4x slower (a CPU is busy with one run's matmuls already)."""
+    """The default of `vmap_seeds`: vmapped seeds on accelerators, one run after another on CPUs. Measured with the
+    embedded default (2026-12-04): on 2 CPU cores, 8 vmapped seeds took 1.02-1.10x the time of the same 8 run in
+    turn (steady state, interleaved), so vmapping buys nothing there and running alone keeps each run's
+    progress, checkpoints and memory its own; on an H200, 8 vmapped seeds cost 2.86x one seed (from a fresh
+    state, experiments/bench/RESULTS.md), i.e. 2.8x faster than 8 in turn."""
     return (backend or jax.default_backend()) != "cpu"
 
 

@@ -6,6 +6,13 @@ Both methods run the same compiled program (the method is a traced flag), so the
 work the bank adds: retrieval, distillation, credit, extractor update and merge. The seed sweep runs
 `crl_jax.infra.sweep.vmapped_chunk` (what `crl-jax sweep` uses: step counter and flags unbatched, so the conds
 stay conds; `--plain-vmap`: plain `jax.vmap`, the conds become selects). Compile time is excluded (reported apart).
+
+Timed steps start from a state trained `--warmup` steps first (default 8), so the timed regime is the steady one:
+the extractor's sample buffer holds a ready batch (the extractor trains; from a fresh state it does not until
+step 3 of the default) and the bank holds entries. The run reports the fraction of timed CRL steps in which the
+extractor trained (`crl_extractor_ready`) and the entries merged per step. Before 2026-12-04 the steps were
+timed from a fresh state, where the extractor was not yet training: the CRL / GRPO and vmap ratios of that day's
+H200 run and earlier left the extractor update out.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from crl_jax.loop.runtime import build
 
 
 def timed_chunk(fn, state, steps, reps):
+    """(median seconds per step over `reps` calls from `state`, the metrics of the last call)."""
     out = fn(state, jnp.int32(steps))
     jax.block_until_ready(out)
     times = []
@@ -32,7 +40,14 @@ def timed_chunk(fn, state, steps, reps):
         out = fn(state, jnp.int32(steps))
         jax.block_until_ready(out)
         times.append(time.time() - t0)
-    return sorted(times)[len(times) // 2] / steps
+    return sorted(times)[len(times) // 2] / steps, out[1]
+
+
+def warmed(chunk, state, warmup: int, steps: int):
+    """`state` after ceil(warmup / steps) calls of the `steps`-step chunk (the steady regime to time from)."""
+    for _ in range(-(-warmup // steps)):
+        state, _ = chunk(state, jnp.int32(10**6))
+    return state
 
 
 def main(argv=None):
@@ -40,12 +55,16 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--seeds", type=int, default=8)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=8, help="steps trained before the timed ones (steady regime)")
+    p.add_argument("--merge-every", type=int, default=1,
+                   help="extraction.merge_every of the timed runs (1: a merge every step, CRL's worst case)")
     p.add_argument("--plain-vmap", action="store_true", help="seeds by plain jax.vmap (conds become selects)")
     p.add_argument("--json", default=None)
     p.add_argument("overrides", nargs="*")
     a = p.parse_args(argv)
     rows = {}
-    cfgs = {m: load(None, list(a.overrides) + [f"method={m}", "eval.every=0", "extraction.merge_every=1"])
+    cfgs = {m: load(None, list(a.overrides) + [f"method={m}", "eval.every=0",
+                                                     f"extraction.merge_every={a.merge_every}"])
             for m in ("crl", "grpo")}
     rt = build(cfgs["crl"])
     chunk = jax.jit(lambda s, last: loop.run_steps(rt, s, a.steps, last))
@@ -54,25 +73,32 @@ def main(argv=None):
     rows["compile_s"] = time.time() - t0
     for m, cfg in cfgs.items():
         # last_step far away: no evaluation inside the timed steps; merge every step (worst case for CRL)
-        state = loop.init_state(rt, jax.random.key(0), cfg)
-        rows[f"{m}_step_s"] = timed_chunk(lambda s, _: chunk(s, jnp.int32(10**6)), state, a.steps, a.reps)
+        state = warmed(chunk, loop.init_state(rt, jax.random.key(0), cfg), a.warmup, a.steps)
+        rows[f"{m}_step_s"], met = timed_chunk(lambda s, _: chunk(s, jnp.int32(10**6)), state, a.steps, a.reps)
+        rows[f"{m}_extractor_ready"] = float(met["extractor_ready"].mean())
+        rows[f"{m}_merged_per_step"] = float(met["merged_entries"].mean())
+        rows[f"{m}_bank_size"] = float(met["bank_size"].mean())
+    rows["warmup_steps"] = -(-a.warmup // a.steps) * a.steps
     rows["crl_over_grpo"] = rows["crl_step_s"] / rows["grpo_step_s"]
     print(json.dumps(rows), flush=True)
     if a.plain_vmap:
         # Plain jax.vmap batches the step counter too, so every lax.cond of the iteration (evaluation, merge,
         # extractor update) becomes a select that runs both branches for every seed.
-        keys = jnp.stack([jax.random.key(i) for i in range(a.seeds)])
-        states = jax.vmap(lambda k: loop.init_state(rt, k, cfgs["crl"]))(keys)
+        states = jax.tree.map(lambda *x: jnp.stack(x), *[
+            warmed(chunk, loop.init_state(rt, jax.random.key(i), cfgs["crl"]), a.warmup, a.steps)
+            for i in range(a.seeds)])
         vchunk = jax.jit(jax.vmap(lambda s: loop.run_steps(rt, s, a.steps, jnp.int32(10**6))))
         tag = f"vmap{a.seeds}_plain"
     else:
         # What `crl-jax sweep` runs: the step counter and (one method) the flags stay unbatched, conds stay conds.
-        states, fb = sweep.stack_states([loop.init_state(rt, jax.random.key(i), cfgs["crl"]) for i in range(a.seeds)])
+        states, fb = sweep.stack_states([
+            warmed(chunk, loop.init_state(rt, jax.random.key(i), cfgs["crl"]), a.warmup, a.steps)
+            for i in range(a.seeds)])
         sweep_chunk = sweep.vmapped_chunk(rt, a.steps, fb)
         vchunk = lambda s: sweep_chunk(s, jnp.int32(10**6))  # noqa: E731
         tag = f"vmap{a.seeds}"
     jax.block_until_ready(vchunk(states))
-    rows[f"{tag}_step_s"] = timed_chunk(lambda s, _: vchunk(s), states, a.steps, a.reps)
+    rows[f"{tag}_step_s"], _ = timed_chunk(lambda s, _: vchunk(s), states, a.steps, a.reps)
     rows[f"{tag}_over_1"] = rows[f"{tag}_step_s"] / rows["crl_step_s"]
     rows["device"] = str(jax.devices()[0].device_kind)
     print(json.dumps(rows, indent=2))

@@ -57,7 +57,10 @@ def test_vmapped_seeds_equal_single_runs():
                                    ["extraction.merge=false"]])
 def test_methods_and_ablations_share_one_program_and_run(extra):
     cfg = micro(*extra)
-    assert build(cfg) is build(micro())  # one Runtime, one compiled program for all of them
+    if cfg.extraction.merge:
+        assert build(cfg) is build(micro())  # one Runtime, one compiled program for all of them
+    else:  # no merges: the sample buffer is only as wide as a distillation, so its own Runtime and program
+        assert build(cfg) is not build(micro())
     state, m = _run_chunk(cfg)
     assert int(state.step) == 2
     assert np.all(np.isfinite(np.asarray(m["success_all"])))
@@ -79,6 +82,8 @@ def test_methods_and_ablations_share_one_program_and_run(extra):
         assert np.all(np.isnan(np.asarray(m["success_free"])))
     if not cfg.extraction.merge:
         assert np.all(np.asarray(m["merged_entries"]) == 0)
+        assert state.buffer.prompt.shape[1] == cfg.extraction.prompt_len
+        assert state.buffer.response.shape[1] == cfg.extraction.max_new_tokens
 
 
 def test_extractor_credit_scripted_scenario():

@@ -71,7 +71,9 @@ def init_models(rt, cfg, k_a, k_e):
 
 
 def buffer_dims(cfg, merge_pieces):
-    # merge samples share the buffer with distillations: prompts as wide as the longer of the two
+    # merge samples share the buffer with distillations: prompts as wide as the longer of the two (when merges run)
+    if not cfg.extraction.merge:
+        return cfg.extraction.prompt_len, cfg.extraction.max_new_tokens
     return max(cfg.extraction.prompt_len, merge_prompt_len(cfg, merge_pieces)), cfg.extraction.max_new_tokens
 
 
