@@ -45,7 +45,7 @@ for arg in "$@"; do
     --llm-only) LLM_ONLY=1 ;;
     --explore) EXPLORE=1 ;;
     --only=*) ONLY=",${arg#--only=}," ;;
-    -h|--help) sed -n 2,25p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,33p "$0"; exit 0 ;;
     *) RES="$arg" ;;
   esac
 done
@@ -104,7 +104,7 @@ else
     --dtype bfloat16 --reps 3
   step train_mfu 130 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 \
     --variants chunked,full,cudnn,cudnn_fullmask
-  step iteration 170 iteration.py --steps 3 --seeds 8 --reps 2
+  step iteration 200 iteration.py --steps 3 --seeds 8 --reps 2 --warmup 6  # warmed up: the extractor trains
   step decode_cache 110 decode_cache.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
     --block 128 --dtype bfloat16 --reps 3 --variants old,inplace,live,inplace_unrolled,live_unrolled
   step logprob_memory 40 logprob_memory.py --batch 8 --seq 1024 --hidden 576 --vocab 49152 --dtype bfloat16 \
