@@ -11,6 +11,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from crl_jax.models.attention import ATTN_IMPLS
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -62,9 +64,8 @@ class TransformerConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"TransformerConfig.{name} must be > 0, got {getattr(self, name)}")
         as_dtype(self.param_dtype)
-        if self.attn_impl not in ("auto", "einsum", "xla", "cudnn"):
-            raise ValueError(f"TransformerConfig.attn_impl must be 'auto', 'einsum', 'xla' or 'cudnn', "
-                             f"got {self.attn_impl!r}")
+        if self.attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"TransformerConfig.attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
 
     @property
     def rope_scaling_dict(self) -> dict | None:

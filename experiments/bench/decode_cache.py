@@ -11,8 +11,9 @@ Variants (same weights, prompts and key, greedy, no stop token so every step run
 - `inplace`: the library with `attn_block` >= capacity (one block = the whole cache: item 2 alone);
 - `live`: the library with `attn_block` = --block (items 2 + 3);
 - `inplace_unrolled` / `live_unrolled`: the same with the layers as straight-line code (`unroll_layers` = the
-  model's depth; the library unrolls only models of <= 8 layers by default), for deep models on a GPU, where a
-  layer scan and a data-dependent block loop cost host round trips per step.
+  model's depth; on a CPU the library unrolls only models of <= 8 layers), for deep models on a GPU, where the
+  block loop's data-dependent trip count costs a host round trip per iteration and a layer scan slices every
+  layer's weights at every step (`sampling.decode_plan`).
 `--variants` picks a subset (`old` always runs: it is the reference of every ratio).
 Each repeat runs every variant once (interleaved, so load changes hit all alike); printed: median ms per
 generate call, decode tok/s, and the per-repeat ratio old / variant as min / median / max.

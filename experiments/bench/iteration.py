@@ -57,7 +57,8 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=8, help="steps trained before the timed ones (steady regime)")
     p.add_argument("--merge-every", type=int, default=1,
-                   help="extraction.merge_every of the timed runs (1: a merge every step, CRL's worst case)")
+                   help="extraction.merge_every of the timed runs (1: a merge every step, CRL's worst case; only "
+                        "with extraction.merge=true, which the embedded default leaves off)")
     p.add_argument("--plain-vmap", action="store_true", help="seeds by plain jax.vmap (conds become selects)")
     p.add_argument("--json", default=None)
     p.add_argument("overrides", nargs="*")
@@ -71,9 +72,13 @@ def main(argv=None):
     t0 = time.time()
     jax.block_until_ready(chunk(loop.init_state(rt, jax.random.key(0), cfgs["crl"]), jnp.int32(10**6)))
     rows["compile_s"] = time.time() - t0
+    # warmed-up CRL states of every seed: seed 0 is the single run timed below, all of them the vmapped one
+    seeds = [warmed(chunk, loop.init_state(rt, jax.random.key(i), cfgs["crl"]), a.warmup, a.steps)
+             for i in range(a.seeds)]
     for m, cfg in cfgs.items():
-        # last_step far away: no evaluation inside the timed steps; merge every step (worst case for CRL)
-        state = warmed(chunk, loop.init_state(rt, jax.random.key(0), cfg), a.warmup, a.steps)
+        # last_step far away: no evaluation inside the timed steps; merges (when on) every --merge-every steps
+        state = seeds[0] if m == "crl" else warmed(chunk, loop.init_state(rt, jax.random.key(0), cfg), a.warmup,
+                                                   a.steps)
         rows[f"{m}_step_s"], met = timed_chunk(lambda s, _: chunk(s, jnp.int32(10**6)), state, a.steps, a.reps)
         rows[f"{m}_extractor_ready"] = float(met["extractor_ready"].mean())
         rows[f"{m}_merged_per_step"] = float(met["merged_entries"].mean())
@@ -84,16 +89,12 @@ def main(argv=None):
     if a.plain_vmap:
         # Plain jax.vmap batches the step counter too, so every lax.cond of the iteration (evaluation, merge,
         # extractor update) becomes a select that runs both branches for every seed.
-        states = jax.tree.map(lambda *x: jnp.stack(x), *[
-            warmed(chunk, loop.init_state(rt, jax.random.key(i), cfgs["crl"]), a.warmup, a.steps)
-            for i in range(a.seeds)])
+        states = jax.tree.map(lambda *x: jnp.stack(x), *seeds)
         vchunk = jax.jit(jax.vmap(lambda s: loop.run_steps(rt, s, a.steps, jnp.int32(10**6))))
         tag = f"vmap{a.seeds}_plain"
     else:
         # What `crl-jax sweep` runs: the step counter and (one method) the flags stay unbatched, conds stay conds.
-        states, fb = sweep.stack_states([
-            warmed(chunk, loop.init_state(rt, jax.random.key(i), cfgs["crl"]), a.warmup, a.steps)
-            for i in range(a.seeds)])
+        states, fb = sweep.stack_states(seeds)
         sweep_chunk = sweep.vmapped_chunk(rt, a.steps, fb)
         vchunk = lambda s: sweep_chunk(s, jnp.int32(10**6))  # noqa: E731
         tag = f"vmap{a.seeds}"
