@@ -98,7 +98,7 @@ def extractor_batch(rt, buffer, step, ready, key=None, epochs: int = 1):
     blogp = jnp.where(mask, jnp.take_along_axis(b["behavior_logp"], src, axis=1), 0.0)
     adv = losses.extractor_advantages(b["reward"], b["valid"], b["weight"])
     eb = ExtractorBatch(tokens=tokens, loss_mask=mask, behavior_logp=blogp, advantages=adv,
-                        ready=jnp.asarray(ready, bool))
+                        ready=jnp.asarray(ready, bool), response_width=b["response"].shape[1])
     E = epochs
     prior = pretrain.aux_extractor_rows(rt, key, E)
     if E > 1:  # the same samples every epoch (off-policy ratios against the stored log-probs)

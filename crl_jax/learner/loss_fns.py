@@ -110,6 +110,9 @@ class PriorRows:
     lengths: jax.Array  # [A] int32 prompt length (actor) / response start (extractor)
     target: jax.Array  # [A, V] float32 target distribution (rows summing to 0 are unused)
     hard: jax.Array = None  # [A, S] bool (extractor only)
+    # extractor only, static: no response is longer (positions lengths .. lengths + response_width - 1), so the
+    # loss scores that window only (`response_window_logits`); None: every position (the reference path)
+    response_width: int | None = struct.field(pytree_node=False, default=None)
 
 
 @struct.dataclass
@@ -192,19 +195,46 @@ def response_allowed_at(first_allowed, early_allowed, rest_allowed, offset, min_
     return jnp.where(o == 0, first_allowed, jnp.where(o <= min_entry, early_allowed, rest_allowed))
 
 
+def response_window_logits(graphdef, params, tokens, start, width: int):
+    """Logits [B, W, V] of the tokens at positions start .. start + W - 1 of tokens [B, T] (start [B] >= 1), each
+    predicted from the position before, and those positions [B, W] (past T - 1 they are clipped: mask them).
+
+    Equal to the full forward's logits gathered there (`Transformer.hidden_at`: the last layer and the
+    unembedding run for the W rows only). The extractor's losses score a response of at most W tokens after a
+    prompt of up to T - W: on the tiny default (48 + 21 tokens, 2 layers) this made the gradient of the
+    auxiliary loss ~1.6x cheaper on the 2-core CPU (experiments/bench/RESULTS.md, session 15)."""
+    T = tokens.shape[1]
+    pos = start[:, None] + jnp.arange(width)[None, :]
+    model = tr.merge(graphdef, params)
+    return model.unembed(model.hidden_at(tokens, jnp.clip(pos - 1, 0, T - 1))), pos
+
+
 def extractor_prior_loss(graphdef, params, rows: PriorRows, masks, min_entry: int, temperature: float = 1.0):
     """Teacher-forced cross-entropy of the extractor's constrained responses: the soft op target at the
-    first response position, the row's own tokens at the `hard` positions."""
+    first response position, the row's own tokens at the `hard` positions. With `rows.response_width` only
+    the response window is scored (equal values and gradients up to float order; the full path is the
+    reference the tests compare it with)."""
     first, early, rest = masks
-    logits = tr.merge(graphdef, params)(rows.tokens)[:, :-1]  # predicts positions 1..S-1
-    t = jnp.arange(1, rows.tokens.shape[1])[None, :]
-    off = t - rows.lengths[:, None]
-    allowed = response_allowed_at(first, early, rest, jnp.maximum(off, 0), min_entry)
+    S = rows.tokens.shape[1]
+    W = rows.response_width
+    if W is not None and W < S - 1:
+        logits, pos = response_window_logits(graphdef, params, rows.tokens, rows.lengths, W)
+        off = jnp.broadcast_to(jnp.arange(W)[None, :], pos.shape)  # response offset of each window position
+        inside = pos < S
+        pos = jnp.clip(pos, 0, S - 1)
+        tok, hard = (jnp.take_along_axis(x, pos, axis=1) for x in (rows.tokens, rows.hard))
+        hard = hard & inside
+        allowed = response_allowed_at(first, early, rest, off[:1], min_entry)  # [1, W, V]: the same for every row
+    else:
+        logits = tr.merge(graphdef, params)(rows.tokens)[:, :-1]  # predicts positions 1..S-1
+        off = jnp.arange(1, S)[None, :] - rows.lengths[:, None]
+        allowed = response_allowed_at(first, early, rest, jnp.maximum(off, 0), min_entry)
+        tok, hard = rows.tokens[:, 1:], rows.hard[:, 1:]
     lp = masked_log_softmax(logits, allowed, temperature)
-    op_lp = jnp.take_along_axis(lp, jnp.maximum(rows.lengths - 1, 0)[:, None, None], axis=1)[:, 0]
+    op_lp = jnp.take_along_axis(lp, jnp.argmax(off == 0, axis=1)[:, None, None], axis=1)[:, 0]
     op_ce = soft_cross_entropy(op_lp, rows.target, first)  # 0 when no row has an op target
-    hard = rows.hard[:, 1:] & (off > 0)
-    picked = jnp.take_along_axis(lp, rows.tokens[:, 1:, None], axis=-1)[..., 0]
+    hard = hard & (off > 0)
+    picked = jnp.take_along_axis(lp, tok[..., None], axis=-1)[..., 0]
     tok_ce = -jnp.sum(jnp.where(hard, picked, 0.0)) / jnp.maximum(hard.sum(), 1)
     return op_ce + tok_ce
 
@@ -218,16 +248,30 @@ def extractor_constrained_loss(first_allowed, rest_allowed, *, early_allowed=Non
 
     def fn(graphdef, params, b: ExtractorBatch):
         mask = _trained_mask(b)
-        logits = tr.merge(graphdef, params)(b.tokens)[:, :-1]  # predicts positions 1..T-1
+        T = b.tokens.shape[1]
         start = jnp.argmax(mask, axis=1)  # first response position of each row
-        t = jnp.arange(1, b.tokens.shape[1])[None, :]
-        allowed = response_allowed_at(first_allowed, early_allowed, rest_allowed,
-                                      jnp.maximum(t - start[:, None], 0), min_entry)
-        lp_all = masked_log_softmax(logits, allowed, temperature)
-        picked = jnp.take_along_axis(lp_all, b.tokens[:, 1:, None], axis=-1)[..., 0]
-        logp = jnp.concatenate([jnp.zeros((b.tokens.shape[0], 1)), picked], axis=1)
+        W = b.response_width
+        blogp = b.behavior_logp
+        if W is not None and W < T - 1:  # the response window only (equal to the full path up to float order)
+            logits, pos = response_window_logits(graphdef, params, b.tokens, start, W)
+            allowed = response_allowed_at(first_allowed, early_allowed, rest_allowed, jnp.arange(W)[None],
+                                          min_entry)
+            inside = pos < T
+            pos = jnp.clip(pos, 0, T - 1)
+            tok, blogp = jnp.take_along_axis(b.tokens, pos, axis=1), jnp.take_along_axis(blogp, pos, axis=1)
+            mask = jnp.take_along_axis(mask, pos, axis=1) & inside
+            lp_all = masked_log_softmax(logits, allowed, temperature)
+            logp = jnp.take_along_axis(lp_all, tok[..., None], axis=-1)[..., 0]
+        else:
+            logits = tr.merge(graphdef, params)(b.tokens)[:, :-1]  # predicts positions 1..T-1
+            t = jnp.arange(1, T)[None, :]
+            allowed = response_allowed_at(first_allowed, early_allowed, rest_allowed,
+                                          jnp.maximum(t - start[:, None], 0), min_entry)
+            lp_all = masked_log_softmax(logits, allowed, temperature)
+            picked = jnp.take_along_axis(lp_all, b.tokens[:, 1:, None], axis=-1)[..., 0]
+            logp = jnp.concatenate([jnp.zeros((b.tokens.shape[0], 1)), picked], axis=1)
         logp = jnp.where(mask, logp, 0.0)
-        num, den, metrics = losses.cispo_loss_parts(logp, b.behavior_logp, b.advantages, mask, eps_low=eps_low,
+        num, den, metrics = losses.cispo_loss_parts(logp, blogp, b.advantages, mask, eps_low=eps_low,
                                                     eps_high=eps_high)
         if b.prior is not None and aux_coef:
             aux = extractor_prior_loss(graphdef, params, b.prior, masks, min_entry, temperature)

@@ -153,7 +153,7 @@ def extractor_rows(rt, key, n: int, op_weight: float = 1.0) -> PriorRows:
     target = jnp.zeros((n, V), jnp.float32).at[:, rt.tiny.op_ids[ADD]].set(1.0).at[:, rt.tiny.op_ids[RETURN]].set(1.0)
     target = jnp.where(has_old[:, None], target.at[:, rt.tiny.op_ids[UPDATE]].set(1.0), target)
     target = target / target.sum(-1, keepdims=True)
-    return PriorRows(tokens=toks, lengths=start, target=op_weight * target, hard=hard)
+    return PriorRows(tokens=toks, lengths=start, target=op_weight * target, hard=hard, response_width=R)
 
 
 class _Moves(NamedTuple):
@@ -189,7 +189,7 @@ def merge_rows(rt, key, n: int) -> PriorRows:
         return toks, start, jnp.zeros((V,), jnp.float32).at[rt.tiny.op_ids[ADD]].set(1.0), hard
 
     toks, start, tgt, hard = jax.vmap(one)(jax.random.split(key, n))
-    return PriorRows(tokens=toks, lengths=start, target=tgt, hard=hard)
+    return PriorRows(tokens=toks, lengths=start, target=tgt, hard=hard, response_width=R)
 
 
 # ------------------------------------------------------------------------------------------------

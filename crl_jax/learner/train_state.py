@@ -102,6 +102,9 @@ class ExtractorBatch:
     advantages: jax.Array  # [N] float32, already multiplied by the repeat weights
     ready: jax.Array  # bool scalar: buffer full, take the extractor step
     prior: Any = None  # optional synthetic rows of a prior-preserving auxiliary loss (tiny path)
+    # static: every response is at most this long, so the tiny path's loss scores only that window after each
+    # row's first trained position (`loss_fns.extractor_constrained_loss`); None: every position
+    response_width: int | None = struct.field(pytree_node=False, default=None)
 
 
 def response_mask(prompt_len: jax.Array, length: jax.Array, seq_len: int) -> jax.Array:

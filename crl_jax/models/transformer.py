@@ -186,10 +186,19 @@ class Transformer(nnx.Module):
         `last_hidden` over each row's prefix and tokens packed together (up to float32 summation order), while
         only the T new rows are computed: the prefix enters as its stored keys and values.
         """
+        T = tokens.shape[1]
+        key_valid = jnp.arange(T)[None, :] < lengths[:, None]
+        return self.hidden_at(tokens, jnp.clip(lengths - 1, 0, T - 1)[:, None], key_valid, prefix)[:, 0]
+
+    def hidden_at(self, tokens, query, key_valid=None, prefix: "PrefixKV | None" = None):
+        """Final-norm hidden states [B, W, H] at positions query [B, W] (in [0, T)) of tokens [B, T]; equal to
+        `self(tokens, attention_mask=key_valid, return_hidden=True)` gathered at `query` (key_valid None: all).
+        As in `last_hidden`, the last layer computes attention output and MLP for the W query positions only
+        (the tiny extractor's losses score only the response window; `loss_fns.response_window_logits`)."""
         cfg = self.cfg
         B, T = tokens.shape
         t = jnp.arange(T)
-        key_valid = t[None, :] < lengths[:, None]
+        key_valid = jnp.ones((B, T), bool) if key_valid is None else key_valid.astype(bool)
         causal = t[None, None, :] <= t[None, :, None]  # [1, T, T]
         if prefix is None:
             positions = jnp.broadcast_to(t.astype(jnp.int32), (B, T))
@@ -200,7 +209,6 @@ class Transformer(nnx.Module):
             causal = jnp.concatenate([jnp.ones((1, T, Lp), bool), causal], axis=2)
         mask = key_valid[:, None, :] & causal
         inv_freq, attn_factor = self._rope()
-        last = jnp.clip(lengths - 1, 0, T - 1)
         lps = self.layer_params()
         past = (None, None) if prefix is None else (prefix.k, prefix.v)
 
@@ -216,11 +224,11 @@ class Transformer(nnx.Module):
         tail = lambda x: None if x is None else x[-1]  # noqa: E731
         if cfg.num_layers > 1:
             h, _ = jax.lax.scan(block, h, (jax.tree_util.tree_map(head, lps), head(past[0]), head(past[1])))
-        m1 = jnp.take_along_axis(mask, last[:, None, None], axis=1)  # [B, 1, keys]: the last row's mask
+        mq = jnp.take_along_axis(mask, query[:, :, None], axis=1)  # [B, W, keys]: the query rows' masks
         pk, pv = tail(past[0]), tail(past[1])
-        h1, _ = self._layer(h, jax.tree_util.tree_map(tail, lps), positions, inv_freq, attn_factor, m1,
-                            query_at=last, past_kv=None if pk is None else (pk, pv))
-        return rms_norm(h1, self.final_norm[...], cfg.rms_norm_eps)[:, 0]
+        hq, _ = self._layer(h, jax.tree_util.tree_map(tail, lps), positions, inv_freq, attn_factor, mq,
+                            query_at=query, past_kv=None if pk is None else (pk, pv))
+        return rms_norm(hq, self.final_norm[...], cfg.rms_norm_eps)
 
     def encode_prefix(self, tokens, lengths) -> "PrefixKV":
         """Keys and values of every layer for right-padded prefixes tokens [B, Lp] (lengths [B]), for
@@ -245,9 +253,9 @@ class Transformer(nnx.Module):
 
     def _layer(self, h, lp, positions, inv_freq, attn_factor, mask, *, query_at=None, past_kv=None,
                return_kv=False, causal=False):
-        """One uncached decoder block -> (h, None), or (h, (k, v)) with `return_kv`. `query_at` [B]: keys and
-        values of every position, but attention output and MLP for that one position only (h comes back
-        [B, 1, H]). `past_kv` (k, v) [B, Lp, Hkv, D]: keys and values of earlier positions, attended before
+        """One uncached decoder block -> (h, None), or (h, (k, v)) with `return_kv`. `query_at` [B, W]: keys
+        and values of every position, but attention output and MLP for those W positions only (h comes back
+        [B, W, H]). `past_kv` (k, v) [B, Lp, Hkv, D]: keys and values of earlier positions, attended before
         this block's own (`mask` then covers Lp + T keys). `causal`: `mask` includes the plain causal mask (the
         uncached forward), which `dense_attention` may pass on to a fused kernel."""
         x = rms_norm(h, lp["attn_norm"], self.cfg.rms_norm_eps)
@@ -257,8 +265,8 @@ class Transformer(nnx.Module):
             k = jnp.concatenate([past_kv[0].astype(k.dtype), k], axis=1)
             v = jnp.concatenate([past_kv[1].astype(v.dtype), v], axis=1)
         if query_at is not None:
-            q = jnp.take_along_axis(q, query_at[:, None, None, None], axis=1)  # [B, 1, Nq, D]
-            h = jnp.take_along_axis(h, query_at[:, None, None], axis=1)  # [B, 1, H]
+            q = jnp.take_along_axis(q, query_at[:, :, None, None], axis=1)  # [B, W, Nq, D]
+            h = jnp.take_along_axis(h, query_at[:, :, None], axis=1)  # [B, W, H]
         h = h + jnp.einsum("btf,fh->bth", self._attend(q, k, v, mask, causal), lp["wo"]).astype(h.dtype)
         return h + self._mlp(h, lp), new_kv
 

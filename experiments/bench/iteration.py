@@ -2,6 +2,8 @@
 
     python experiments/bench/iteration.py [--steps 3] [--seeds 8] [--json OUT] [key=value ...]
 
+(`--seeds 1`: CRL vs GRPO only.)
+
 Both methods run the same compiled program (the method is a traced flag), so the ratio measures the
 work the bank adds: retrieval, distillation, credit, extractor update and merge. The seed sweep runs
 `crl_jax.infra.sweep.vmapped_chunk` (what `crl-jax sweep` uses: step counter and flags unbatched, so the conds
@@ -12,7 +14,8 @@ the extractor's sample buffer holds a ready batch (the extractor trains; from a 
 step 3 of the default) and the bank holds entries. The run reports the fraction of timed CRL steps in which the
 extractor trained (`crl_extractor_ready`) and the entries merged per step. Before 2026-12-04 the steps were
 timed from a fresh state, where the extractor was not yet training: the CRL / GRPO and vmap ratios of that day's
-H200 run and earlier left the extractor update out.
+H200 run and earlier left the extractor update out. CRL and GRPO are timed call by call in turn, and
+`crl_over_grpo_min_med_max` gives the ratio per repeat (this 2-core CPU drifts up to 1.5x between runs).
 """
 
 from __future__ import annotations
@@ -41,6 +44,28 @@ def timed_chunk(fn, state, steps, reps):
         jax.block_until_ready(out)
         times.append(time.time() - t0)
     return sorted(times)[len(times) // 2] / steps, out[1]
+
+
+def timed_interleaved(runs: dict, steps, reps):
+    """{name: (fn, state)} timed call by call in turn (one call of each per repeat, so machine drift hits all
+    alike) -> ({name: sorted seconds per step}, {name: metrics of its last call})."""
+    times, mets = {n: [] for n in runs}, {}
+    for n, (fn, state) in runs.items():
+        jax.block_until_ready(fn(state, jnp.int32(steps)))
+    for _ in range(reps):
+        for n, (fn, state) in runs.items():
+            t0 = time.time()
+            out = fn(state, jnp.int32(steps))
+            jax.block_until_ready(out)
+            times[n].append((time.time() - t0) / steps)
+            mets[n] = out[1]
+    return times, mets
+
+
+def spread(xs):
+    """[min, median, max] of a list."""
+    xs = sorted(xs)
+    return [xs[0], xs[len(xs) // 2], xs[-1]]
 
 
 def warmed(chunk, state, warmup: int, steps: int):
@@ -75,17 +100,32 @@ def main(argv=None):
     # warmed-up CRL states of every seed: seed 0 is the single run timed below, all of them the vmapped one
     seeds = [warmed(chunk, loop.init_state(rt, jax.random.key(i), cfgs["crl"]), a.warmup, a.steps)
              for i in range(a.seeds)]
-    for m, cfg in cfgs.items():
-        # last_step far away: no evaluation inside the timed steps; merges (when on) every --merge-every steps
-        state = seeds[0] if m == "crl" else warmed(chunk, loop.init_state(rt, jax.random.key(0), cfg), a.warmup,
-                                                   a.steps)
-        rows[f"{m}_step_s"], met = timed_chunk(lambda s, _: chunk(s, jnp.int32(10**6)), state, a.steps, a.reps)
+    # last_step far away: no evaluation inside the timed steps; merges (when on) every --merge-every steps
+    run = lambda s, _: chunk(s, jnp.int32(10**6))  # noqa: E731
+    states = {m: seeds[0] if m == "crl" else warmed(chunk, loop.init_state(rt, jax.random.key(0), cfg), a.warmup,
+                                                    a.steps) for m, cfg in cfgs.items()}
+    times, mets = timed_interleaved({m: (run, s) for m, s in states.items()}, a.steps, a.reps)
+    for m, met in mets.items():
+        rows[f"{m}_step_s"] = spread(times[m])[1]
         rows[f"{m}_extractor_ready"] = float(met["extractor_ready"].mean())
         rows[f"{m}_merged_per_step"] = float(met["merged_entries"].mean())
         rows[f"{m}_bank_size"] = float(met["bank_size"].mean())
     rows["warmup_steps"] = -(-a.warmup // a.steps) * a.steps
-    rows["crl_over_grpo"] = rows["crl_step_s"] / rows["grpo_step_s"]
+    # per repeat (CRL and GRPO timed back to back), min / median / max
+    rows["crl_over_grpo_min_med_max"] = spread([c / g for c, g in zip(times["crl"], times["grpo"])])
+    rows["crl_over_grpo"] = rows["crl_over_grpo_min_med_max"][1]
     print(json.dumps(rows), flush=True)
+    if a.seeds > 1:
+        vmapped(rt, a, seeds, rows)
+    rows["device"] = str(jax.devices()[0].device_kind)
+    print(json.dumps(rows, indent=2))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+def vmapped(rt, a, seeds, rows):
+    """Adds the step time of the `a.seeds` warmed-up seeds run as one vmapped program, and its ratio to one seed."""
     if a.plain_vmap:
         # Plain jax.vmap batches the step counter too, so every lax.cond of the iteration (evaluation, merge,
         # extractor update) becomes a select that runs both branches for every seed.
@@ -101,11 +141,6 @@ def main(argv=None):
     jax.block_until_ready(vchunk(states))
     rows[f"{tag}_step_s"], _ = timed_chunk(lambda s, _: vchunk(s), states, a.steps, a.reps)
     rows[f"{tag}_over_1"] = rows[f"{tag}_step_s"] / rows["crl_step_s"]
-    rows["device"] = str(jax.devices()[0].device_kind)
-    print(json.dumps(rows, indent=2))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=2)
 
 
 if __name__ == "__main__":

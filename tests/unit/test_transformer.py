@@ -68,6 +68,34 @@ def test_last_hidden_equals_the_full_forward_at_the_last_position(layers, bias, 
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=5e-5)
 
 
+@pytest.mark.parametrize("layers,remat", [(1, False), (2, False), (3, True)])
+def test_hidden_at_equals_the_full_forward_at_the_query_positions(layers, remat):
+    """`hidden_at` (last layer computed for the W query rows only) == the full forward's hidden states gathered
+    at query [B, W] (any positions: repeated, out of order, in the padding), with and without a key mask; and
+    the gradient through it."""
+    cfg = tr.tiny_config(50, hidden_size=32, num_layers=layers, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                         remat=remat)
+    model = tr.create(cfg, jax.random.key(0))
+    toks = jax.random.randint(jax.random.key(1), (3, 11), 0, 50)
+    query = jnp.array([[0, 4, 5, 6], [10, 10, 2, 9], [3, 1, 7, 0]])
+    lens = jnp.array([11, 6, 8])
+    graphdef, params = tr.split(model)
+    for key_valid in (None, jnp.arange(11)[None] < lens[:, None]):
+        full = model(toks, attention_mask=key_valid, return_hidden=True)
+        ref = jnp.take_along_axis(full, query[:, :, None], axis=1)
+        np.testing.assert_allclose(np.asarray(model.hidden_at(toks, query, key_valid)), np.asarray(ref), atol=2e-6)
+
+    def loss(p, fast):
+        m = tr.merge(graphdef, p)
+        h = m.hidden_at(toks, query) if fast else jnp.take_along_axis(m(toks, return_hidden=True),
+                                                                      query[:, :, None], axis=1)
+        return jnp.sum(jnp.sin(h) * jnp.arange(4)[None, :, None])
+
+    g_fast, g_ref = jax.grad(loss)(params, True), jax.grad(loss)(params, False)
+    for a, b in zip(jax.tree_util.tree_leaves(g_fast), jax.tree_util.tree_leaves(g_ref)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=5e-5)
+
+
 @pytest.mark.parametrize("layers,bias,qk", [(2, False, False), (1, True, True), (3, True, False)])
 def test_last_hidden_after_an_encoded_prefix_equals_the_packed_prompt(layers, bias, qk):
     """`last_hidden(rest, prefix=encode_prefix(head))` == `last_hidden` over head and rest packed into one

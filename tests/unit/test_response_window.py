@@ -1,0 +1,79 @@
+"""The tiny extractor's losses over the response window only (`loss_fns.response_window_logits`): equal values,
+metrics and gradients to the full-sequence path they replace (`response_width=None`), on the loop's own rows."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from crl_jax.config import load
+from crl_jax.learner import pretrain
+from crl_jax.learner import train_state as ts
+from crl_jax.learner.loss_fns import extractor_constrained_loss, extractor_prior_loss
+from crl_jax.loop.runtime import build
+from crl_jax.models import transformer as tr
+
+CFG = ["extractor.hidden_size=32", "extractor.num_layers=2", "extractor.intermediate_size=64",
+       "extraction.max_new_tokens=6", "bank.entry_len=8", "extraction.prompt_len=30", "extraction.merge=true",
+       "extraction.merge_chunk=2", "env.max_turns=4", "extraction.min_entry=1"]
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return build(load(None, CFG))
+
+
+def _params(rt):
+    return tr.split(tr.create(rt.extractor_config, jax.random.key(5)))
+
+
+def _assert_trees_close(a, b):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("kind", ["distill", "merge"])
+def test_prior_loss_over_the_window_equals_the_full_sequence(rt, kind):
+    """Synthetic distillation rows (response width = max_new_tokens) and merge rows (their own, wider one)."""
+    rows = (pretrain.extractor_rows(rt, jax.random.key(1), 16) if kind == "distill"
+            else pretrain.merge_rows(rt, jax.random.key(2), 8))
+    assert rows.response_width is not None and rows.response_width < rows.tokens.shape[1] - 1
+    gd, params = _params(rt)
+    masks, ec = rt.tiny.response_masks(), rt.cfg.extraction
+    vg = jax.jit(jax.value_and_grad(lambda p, r: extractor_prior_loss(gd, p, r, masks, ec.min_entry, 0.7)))
+    win, full = vg(params, rows), vg(params, rows.replace(response_width=None))
+    assert np.isfinite(float(win[0])) and float(win[0]) > 0
+    _assert_trees_close(win, full)
+
+
+def test_constrained_cispo_over_the_window_equals_the_full_sequence(rt):
+    """Rows with responses of different lengths after prompts of different lengths, an empty row (no trained
+    token) and a response that ends at the last position (the window runs past T and is clipped)."""
+    gd, params = _params(rt)
+    T, W = 14, 5
+    first, early, rest = (np.asarray(m) for m in rt.tiny.response_masks())
+    start = jnp.array([3, 9, 4, 10])
+    length = jnp.array([5, 2, 0, 4])  # row 2: nothing trained; row 3: positions 10..13 (the window runs to 14)
+    rng = np.random.default_rng(3)
+    toks = rng.integers(1, rt.vocab_size, (4, T))
+    for b in range(4):  # response tokens the constrained sampler could have drawn (op, entry token, then any)
+        for j in range(int(length[b])):
+            allowed = first if j == 0 else early if j <= 1 else rest
+            toks[b, int(start[b]) + j] = rng.choice(np.flatnonzero(allowed))
+    toks = jnp.asarray(toks)
+    t = jnp.arange(T)[None]
+    mask = (t >= start[:, None]) & (t < (start + length)[:, None])
+    blogp = jnp.where(mask, -jax.random.uniform(jax.random.key(4), (4, T), minval=0.2, maxval=3.0), 0.0)
+    eb = ts.ExtractorBatch(tokens=toks, loss_mask=mask, behavior_logp=blogp, advantages=jnp.array([1.0, -0.5, 2.0, 0.7]),
+                           ready=jnp.asarray(True), response_width=W)
+    fn = extractor_constrained_loss(jnp.asarray(first), jnp.asarray(rest), early_allowed=jnp.asarray(early), min_entry=1, temperature=0.8)
+
+    def loss(p, b):
+        num, (den, met) = fn(gd, p, b)
+        return num / den, (den, met)
+
+    vg = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    win, full = vg(params, eb), vg(params, eb.replace(response_width=None))
+    assert float(win[0][1][0]) == 11  # trained tokens: 5 + 2 + 0 + 4
+    assert abs(float(win[0][0])) < 100  # tokens the masks allow: finite log-probs
+    _assert_trees_close(win, full)
