@@ -165,7 +165,10 @@ class PretrainConfig:
     tip_p: float = 0.5  # fraction of synthetic actor rows with a tip (the others get a uniform target)
     aux_coef: float = 1.0  # prior-preserving auxiliary loss (PPO-ptx style): each update adds this times
     #                        the prior's supervised loss on fresh synthetic rows; the same for every method
-    aux_rows: int = 64  # synthetic rows per update in the auxiliary loss
+    aux_rows: int = 64  # synthetic rows per actor optimizer step in the auxiliary loss
+    extractor_aux_rows: int = 16  # the same for each extractor optimizer step (its RL batch is extraction.batch
+    #                              rows, 8 by default; 64 aux rows made the extractor update ~1/4 of a CRL step
+    #                              on CPU: experiments/bench/RESULTS.md, session 15)
     aux_op_weight: float = 0.0  # weight of the extractor prior's uniform ADD / RETURN target inside the
     #                             auxiliary loss (1 = the prior's own loss; 0 = only the copy skill is kept,
     #                             when to write is left to RL)

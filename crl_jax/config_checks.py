@@ -250,6 +250,7 @@ def validate(cfg) -> None:
     need(0.0 <= p.tip_p <= 1.0, "pretrain.tip_p", "must be in [0, 1]")
     need(p.aux_coef >= 0, "pretrain.aux_coef", "must be >= 0 (0 = no auxiliary loss)")
     need(p.aux_rows >= 1, "pretrain.aux_rows", "must be >= 1")
+    need(p.extractor_aux_rows >= 1, "pretrain.extractor_aux_rows", "must be >= 1")
     for ax in ("data", "fsdp", "tensor"):
         need(getattr(cfg.mesh, ax) == -1 or getattr(cfg.mesh, ax) >= 1, f"mesh.{ax}", "must be >= 1 or -1 (auto)")
     need(0.0 <= cfg.mesh.extractor_devices < 1.0, "mesh.extractor_devices", "must be in [0, 1)")

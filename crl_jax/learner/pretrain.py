@@ -212,7 +212,8 @@ def prior_id(cfg) -> str:
                extraction={k: getattr(c.extraction, k) for k in ("max_new_tokens", "prompt_len", "min_entry",
                                                                  "merge_chunk", "temperature")},
                pretrain={k: v for k, v in dataclasses.asdict(c.pretrain).items()
-                         if k not in ("enabled", "aux_coef", "aux_rows", "aux_op_weight", "cache_dir")}, version=PRIOR_VERSION)
+                         if k not in ("enabled", "aux_coef", "aux_rows", "extractor_aux_rows", "aux_op_weight",
+                                      "cache_dir")}, version=PRIOR_VERSION)
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -372,4 +373,4 @@ def aux_extractor_rows(rt, key, steps: int = 1):
     pc = rt.cfg.pretrain
     if not (pc.enabled and pc.aux_coef) or key is None:
         return None
-    return _stacked(extractor_rows(rt, key, pc.aux_rows * steps, op_weight=pc.aux_op_weight), steps)
+    return _stacked(extractor_rows(rt, key, pc.extractor_aux_rows * steps, op_weight=pc.aux_op_weight), steps)
