@@ -18,8 +18,9 @@ masks and the same temperature (a full-vocabulary log-softmax would make every r
 temperature every ratio != 1). The actor batch has one row per played turn and one trained token per
 row, so the actor loss runs the transformer over the prompt and unembeds only the last prompt position
 (`rollout.last_logits`, the very function the rollout sampled from: at the first update the ratio is
-exactly 1). `ratio="sequence"` shares one ratio per episode (exp of the mean log-ratio over the
-episode's rows in the batch).
+exactly 1). The extractor's losses likewise unembed only the response window after each row's prompt
+(`response_window_logits`; the batch or the rows carry its static `response_width`). `ratio="sequence"`
+shares one ratio per episode (exp of the mean log-ratio over the episode's rows in the batch).
 
 Prior-preserving auxiliary loss (METHOD.md §6, PPO-ptx style; constrained family): a batch may carry
 `PriorRows`, synthetic rows of the prior's supervised task; the objective becomes

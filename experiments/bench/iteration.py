@@ -46,16 +46,16 @@ def timed_chunk(fn, state, steps, reps):
     return sorted(times)[len(times) // 2] / steps, out[1]
 
 
-def timed_interleaved(runs: dict, steps, reps):
-    """{name: (fn, state)} timed call by call in turn (one call of each per repeat, so machine drift hits all
-    alike) -> ({name: sorted seconds per step}, {name: metrics of its last call})."""
-    times, mets = {n: [] for n in runs}, {}
-    for n, (fn, state) in runs.items():
-        jax.block_until_ready(fn(state, jnp.int32(steps)))
+def timed_interleaved(fn, states: dict, steps, reps):
+    """`fn(state)` for each of {name: state}, timed call by call in turn (one call of each per repeat, so machine
+    drift hits all alike) -> ({name: [seconds per step of each call]}, {name: metrics of its last call})."""
+    times, mets = {n: [] for n in states}, {}
+    for state in states.values():
+        jax.block_until_ready(fn(state))
     for _ in range(reps):
-        for n, (fn, state) in runs.items():
+        for n, state in states.items():
             t0 = time.time()
-            out = fn(state, jnp.int32(steps))
+            out = fn(state)
             jax.block_until_ready(out)
             times[n].append((time.time() - t0) / steps)
             mets[n] = out[1]
@@ -101,10 +101,9 @@ def main(argv=None):
     seeds = [warmed(chunk, loop.init_state(rt, jax.random.key(i), cfgs["crl"]), a.warmup, a.steps)
              for i in range(a.seeds)]
     # last_step far away: no evaluation inside the timed steps; merges (when on) every --merge-every steps
-    run = lambda s, _: chunk(s, jnp.int32(10**6))  # noqa: E731
     states = {m: seeds[0] if m == "crl" else warmed(chunk, loop.init_state(rt, jax.random.key(0), cfg), a.warmup,
                                                     a.steps) for m, cfg in cfgs.items()}
-    times, mets = timed_interleaved({m: (run, s) for m, s in states.items()}, a.steps, a.reps)
+    times, mets = timed_interleaved(lambda s: chunk(s, jnp.int32(10**6)), states, a.steps, a.reps)
     for m, met in mets.items():
         rows[f"{m}_step_s"] = spread(times[m])[1]
         rows[f"{m}_extractor_ready"] = float(met["extractor_ready"].mean())
