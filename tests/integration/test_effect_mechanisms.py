@@ -15,7 +15,7 @@ from crl_jax.actor.rollout import build_prompt, play
 from crl_jax.config import load
 from crl_jax.envs.actions import action_allowed_mask
 from crl_jax.extractor.merge import grouped_order
-from crl_jax.learner import pretrain
+from crl_jax.learner import batches, pretrain
 from crl_jax.learner.loss_fns import TurnBatch, actor_turn_loss
 from crl_jax.loop.runtime import build
 
@@ -179,6 +179,21 @@ def test_loop_with_prior_epochs_and_aux_is_deterministic():
     assert np.isfinite(np.asarray(m1["actor/prior_loss"])).all() and float(m1["actor/updated"][0]) == 1.0
     # 4 PPO steps per iteration: after the first, the ratio moves off 1
     assert float(m1["actor/approx_kl"][0]) > 0
+
+
+def test_aux_rows_per_optimizer_step_of_each_model():
+    """`pretrain.aux_rows` synthetic rows for each actor step, `pretrain.extractor_aux_rows` for each extractor
+    step; the extractor's rows and batch carry their response width (the loss scores that window only)."""
+    cfg = micro("pretrain.aux_rows=6", "pretrain.extractor_aux_rows=3", "extraction.epochs=2", "loss.epochs=2",
+                "loss.minibatches=2")
+    rt = build(cfg)
+    a = pretrain.aux_actor_rows(rt, jax.random.key(0), 4)
+    assert a.tokens.shape[:2] == (4, 6)
+    buf = rt.buffer_ops.init()
+    _, eb = batches.extractor_batch(rt, buf, jnp.int32(0), jnp.asarray(False), jax.random.key(1), epochs=2)
+    R = cfg.extraction.max_new_tokens
+    assert eb.prior.tokens.shape == (2, 3, cfg.extraction.prompt_len + R)
+    assert eb.prior.response_width == R and eb.response_width == buf.response.shape[1]
 
 
 def test_eval_retrieval_breaks_ties_toward_the_most_used_entry():
