@@ -197,8 +197,9 @@ def response_allowed_at(first_allowed, early_allowed, rest_allowed, offset, min_
 
 
 def response_window_logits(graphdef, params, tokens, start, width: int):
-    """Logits [B, W, V] of the tokens at positions start .. start + W - 1 of tokens [B, T] (start [B] >= 1), each
-    predicted from the position before, and those positions [B, W] (past T - 1 they are clipped: mask them).
+    """(logits [B, W, V], positions [B, W], inside [B, W]): the logits of the tokens at positions
+    start .. start + W - 1 of tokens [B, T] (start [B] >= 1), each predicted from the position before. Positions
+    past T - 1 are clipped to T - 1 and `inside` is False there (mask them out of every sum).
 
     Equal to the full forward's logits gathered there (`Transformer.hidden_at`: the last layer and the
     unembedding run for the W rows only). The extractor's losses score a response of at most W tokens after a
@@ -207,7 +208,8 @@ def response_window_logits(graphdef, params, tokens, start, width: int):
     T = tokens.shape[1]
     pos = start[:, None] + jnp.arange(width)[None, :]
     model = tr.merge(graphdef, params)
-    return model.unembed(model.hidden_at(tokens, jnp.clip(pos - 1, 0, T - 1))), pos
+    logits = model.unembed(model.hidden_at(tokens, jnp.clip(pos - 1, 0, T - 1)))
+    return logits, jnp.clip(pos, 0, T - 1), pos < T
 
 
 def extractor_prior_loss(graphdef, params, rows: PriorRows, masks, min_entry: int, temperature: float = 1.0):
@@ -219,10 +221,8 @@ def extractor_prior_loss(graphdef, params, rows: PriorRows, masks, min_entry: in
     S = rows.tokens.shape[1]
     W = rows.response_width
     if W is not None and W < S - 1:
-        logits, pos = response_window_logits(graphdef, params, rows.tokens, rows.lengths, W)
+        logits, pos, inside = response_window_logits(graphdef, params, rows.tokens, rows.lengths, W)
         off = jnp.broadcast_to(jnp.arange(W)[None, :], pos.shape)  # response offset of each window position
-        inside = pos < S
-        pos = jnp.clip(pos, 0, S - 1)
         tok, hard = (jnp.take_along_axis(x, pos, axis=1) for x in (rows.tokens, rows.hard))
         hard = hard & inside
         allowed = response_allowed_at(first, early, rest, off[:1], min_entry)  # [1, W, V]: the same for every row
@@ -254,23 +254,19 @@ def extractor_constrained_loss(first_allowed, rest_allowed, *, early_allowed=Non
         W = b.response_width
         blogp = b.behavior_logp
         if W is not None and W < T - 1:  # the response window only (equal to the full path up to float order)
-            logits, pos = response_window_logits(graphdef, params, b.tokens, start, W)
+            logits, pos, inside = response_window_logits(graphdef, params, b.tokens, start, W)
             allowed = response_allowed_at(first_allowed, early_allowed, rest_allowed, jnp.arange(W)[None],
                                           min_entry)
-            inside = pos < T
-            pos = jnp.clip(pos, 0, T - 1)
-            tok, blogp = jnp.take_along_axis(b.tokens, pos, axis=1), jnp.take_along_axis(blogp, pos, axis=1)
-            mask = jnp.take_along_axis(mask, pos, axis=1) & inside
-            lp_all = masked_log_softmax(logits, allowed, temperature)
-            logp = jnp.take_along_axis(lp_all, tok[..., None], axis=-1)[..., 0]
-        else:
+            tok, blogp, mask = (jnp.take_along_axis(x, pos, axis=1) for x in (b.tokens, blogp, mask))
+            mask = mask & inside
+        else:  # every position but 0 (which no prediction produces; the mask is False there)
             logits = tr.merge(graphdef, params)(b.tokens)[:, :-1]  # predicts positions 1..T-1
             t = jnp.arange(1, T)[None, :]
             allowed = response_allowed_at(first_allowed, early_allowed, rest_allowed,
                                           jnp.maximum(t - start[:, None], 0), min_entry)
-            lp_all = masked_log_softmax(logits, allowed, temperature)
-            picked = jnp.take_along_axis(lp_all, b.tokens[:, 1:, None], axis=-1)[..., 0]
-            logp = jnp.concatenate([jnp.zeros((b.tokens.shape[0], 1)), picked], axis=1)
+            tok, blogp, mask = b.tokens[:, 1:], blogp[:, 1:], mask[:, 1:]
+        lp_all = masked_log_softmax(logits, allowed, temperature)
+        logp = jnp.take_along_axis(lp_all, tok[..., None], axis=-1)[..., 0]
         logp = jnp.where(mask, logp, 0.0)
         num, den, metrics = losses.cispo_loss_parts(logp, blogp, b.advantages, mask, eps_low=eps_low,
                                                     eps_high=eps_high)
