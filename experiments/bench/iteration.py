@@ -33,19 +33,6 @@ from crl_jax.infra import sweep
 from crl_jax.loop.runtime import build
 
 
-def timed_chunk(fn, state, steps, reps):
-    """(median seconds per step over `reps` calls from `state`, the metrics of the last call)."""
-    out = fn(state, jnp.int32(steps))
-    jax.block_until_ready(out)
-    times = []
-    for _ in range(reps):
-        t0 = time.time()
-        out = fn(state, jnp.int32(steps))
-        jax.block_until_ready(out)
-        times.append(time.time() - t0)
-    return sorted(times)[len(times) // 2] / steps, out[1]
-
-
 def timed_interleaved(fn, states: dict, steps, reps):
     """`fn(state)` for each of {name: state}, timed call by call in turn (one call of each per repeat, so machine
     drift hits all alike) -> ({name: [seconds per step of each call]}, {name: metrics of its last call})."""
@@ -137,8 +124,8 @@ def vmapped(rt, a, seeds, rows):
         sweep_chunk = sweep.vmapped_chunk(rt, a.steps, fb)
         vchunk = lambda s: sweep_chunk(s, jnp.int32(10**6))  # noqa: E731
         tag = f"vmap{a.seeds}"
-    jax.block_until_ready(vchunk(states))
-    rows[f"{tag}_step_s"], _ = timed_chunk(lambda s, _: vchunk(s), states, a.steps, a.reps)
+    times, _ = timed_interleaved(vchunk, {tag: states}, a.steps, a.reps)
+    rows[f"{tag}_step_s"] = spread(times[tag])[1]
     rows[f"{tag}_over_1"] = rows[f"{tag}_step_s"] / rows["crl_step_s"]
 
 
