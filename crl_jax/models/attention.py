@@ -62,7 +62,7 @@ def dense_attention(q, k, v, mask, num_kv_heads: int, impl: str = "auto", causal
     chex.assert_rank([q, k, v, mask], [4, 4, 4, 3])
     B, T, Nq, D = q.shape
     # "auto" takes cuDNN for the plain causal forward only (training and scoring: the path gpu_checks.py verified
-    # on an H200); the one-query and prefixed forms of `Transformer.last_hidden` stay on einsum.
+    # on an H200); the query-subset and prefixed forms of `Transformer.hidden_at` stay on einsum.
     impl = attention_impl(impl, q.dtype, D) if (causal or impl != "auto") else "einsum"
     if impl == "einsum":
         G = Nq // num_kv_heads
