@@ -20,7 +20,8 @@ loop and written in place, and each step attends only over the `attn_block`-slot
 a GPU, by default, one block: see `decode_plan`). Models with at most `unroll_layers` layers run their layers
 as straight-line code over weights sliced once before the loop (a layer scan inside the loop would copy every
 layer's weights at every step), with the q/k/v and gate/up projections fused into one matmul each (fewer,
-larger ops: a batch-1 step is mostly per-op cost).
+larger ops: a batch-1 step is mostly per-op cost), and over one KV buffer per layer (`transformer.split_cache`;
+reading a layer out of the stacked cache is a copy per layer and step), stacked again after the loop.
 
 Sampling order (per step, per row): allowed-token mask -> temperature -> top-k -> top-p (nucleus) ->
 categorical (by inverse CDF of one uniform per row, `categorical_inverse_cdf`). The returned log-prob is that
@@ -267,6 +268,7 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
         # Sliced (and fused) once, here; the barrier keeps XLA from sinking the slices back into the decode loop,
         # where each would be a copy per step.
         layers = jax.lax.optimization_barrier(model.layer_list(fused=True))
+        cache = tr.split_cache(cache)  # one KV buffer per layer: no per-step slice of the stacked cache
     # Unembed only the last slot: [B, P, V] prefill logits would dominate memory for big vocabularies.
     h, cache = model(toks, positions=pos, attention_mask=valid, cache=cache, cache_index=at, return_hidden=True,
                      attn_block=block, layers=layers)
@@ -299,6 +301,8 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
     init = (jnp.int32(0), logits, cache, key, dead,
             jnp.full((B, N), cfg.pad_id, jnp.int32), jnp.zeros((B, N), jnp.float32))
     steps, _, cache, _, done, out_t, out_lp = jax.lax.while_loop(cond, body, init)
+    if straight:
+        cache = tr.stack_cache(cache)
     # A row's length: steps taken before it finished (its stop token included).
     if cfg.stop_tokens:
         is_stop = jnp.any(out_t[..., None] == stops, axis=-1)

@@ -88,7 +88,8 @@ def dense_attention(q, k, v, mask, num_kv_heads: int, impl: str = "auto", causal
 
 def attend_live(q, kc, vc, layer, valid, cache_index, num_kv_heads: int, block: int = 128):
     """Attention of queries q [B, T, Nq, D] at slots cache_index .. cache_index+T-1 over layer `layer` of the
-    cache kc / vc [L, B, S, Hkv, D], key slots `valid` [B, S] and causal (slot <= the query's) -> [B, T, Nq*D].
+    cache kc / vc [L, B, S, Hkv, D] (layer None: kc / vc are that layer's own [B, S, Hkv, D]), key slots
+    `valid` [B, S] and causal (slot <= the query's) -> [B, T, Nq*D].
 
     Only the ceil((cache_index + T) / block) blocks that hold written slots are read (a `fori_loop` with a
     traced trip count; with block >= S one static block and no loop); the softmax is accumulated across
@@ -97,10 +98,13 @@ def attend_live(q, kc, vc, layer, valid, cache_index, num_kv_heads: int, block: 
     clamped to end at slot S (the slots it shares with the block before are masked), so S need not be a
     multiple of `block`.
     """
-    chex.assert_rank([q, kc, vc, valid], [4, 5, 5, 2])
+    chex.assert_rank([q, valid], [4, 2])
     chex.assert_equal_shape([kc, vc])
+    if kc.ndim != (4 if layer is None else 5):
+        raise ValueError(f"attend_live: a cache of rank {kc.ndim} with layer={layer!r} (expected [L, B, S, Hkv, D] "
+                         "with a layer index, or one layer's [B, S, Hkv, D] with layer None)")
     B, T, Nq, D = q.shape
-    S = kc.shape[2]
+    S = kc.shape[-3]
     G = Nq // num_kv_heads
     c = min(int(block), S)
     qg = q.reshape(B, T, num_kv_heads, G, D)
@@ -111,8 +115,12 @@ def attend_live(q, kc, vc, layer, valid, cache_index, num_kv_heads: int, block: 
     def body(j, carry):
         m, l, acc = carry
         start = jnp.minimum(j * c, S - c)
-        kb = jax.lax.dynamic_slice(kc, (layer, 0, start, 0, 0), (1, B, c, num_kv_heads, D))[0]
-        vb = jax.lax.dynamic_slice(vc, (layer, 0, start, 0, 0), (1, B, c, num_kv_heads, D))[0]
+        if layer is None:
+            kb = jax.lax.dynamic_slice_in_dim(kc, start, c, axis=1)
+            vb = jax.lax.dynamic_slice_in_dim(vc, start, c, axis=1)
+        else:
+            kb = jax.lax.dynamic_slice(kc, (layer, 0, start, 0, 0), (1, B, c, num_kv_heads, D))[0]
+            vb = jax.lax.dynamic_slice(vc, (layer, 0, start, 0, 0), (1, B, c, num_kv_heads, D))[0]
         slot = start + jnp.arange(c)
         own = (slot >= j * c)[None, None, :]
         mask = jax.lax.dynamic_slice_in_dim(valid, start, c, axis=1)[:, None, :] & own & (

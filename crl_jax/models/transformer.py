@@ -19,7 +19,8 @@ Call forms (tokens are `[B, T]` int32):
   valid slot `<=` the query's own slot. `cache_index` is one scalar for the whole batch (batched
   prompts are left-padded by the sampler, so all rows advance together). With `layers=model.layer_list()` the
   blocks run as straight-line code over those pre-sliced (optionally q/k/v- and gate/up-fused) weights instead
-  of the layer scan (the sampler does this for shallow models: no per-step slice of the stacked weights).
+  of the layer scan (the sampler does this for shallow models: no per-step slice of the stacked weights); the
+  cache may then hold one buffer per layer (`split_cache`), as the sampler's does.
 
 The cached path (issue #16) carries the whole `[L, B, S, Hkv, D]` cache through the layer scan and
 writes only the new slots (`dynamic_update_slice` on the carried buffer, in place under jit: no copy of
@@ -157,9 +158,15 @@ class Transformer(nnx.Module):
 
             if layers is not None:  # straight-line layers over pre-sliced weights (`layer_list`)
                 ks, vs = cache["k"], cache["v"]
-                for i, lp in enumerate(layers):
-                    h, ks, vs = self._cached_layer(h, lp, i, positions, inv_freq, attn_factor, valid, ks, vs,
-                                                   cache_index, attn_block)
+                if isinstance(ks, (list, tuple)):  # one buffer per layer (`split_cache`)
+                    ks, vs = list(ks), list(vs)
+                    for i, lp in enumerate(layers):
+                        h, ks[i], vs[i] = self._cached_layer(h, lp, None, positions, inv_freq, attn_factor, valid,
+                                                             ks[i], vs[i], cache_index, attn_block)
+                else:
+                    for i, lp in enumerate(layers):
+                        h, ks, vs = self._cached_layer(h, lp, i, positions, inv_freq, attn_factor, valid, ks, vs,
+                                                       cache_index, attn_block)
             else:
                 def cblock(carry, xs):  # the cache rides in the carry: updated in place, never restacked
                     h, kc, vc = carry
@@ -271,13 +278,17 @@ class Transformer(nnx.Module):
         return h + self._mlp(h, lp), new_kv
 
     def _cached_layer(self, h, lp, layer, positions, inv_freq, attn_factor, valid, kc, vc, cache_index, block):
-        """One decoder block against the full cache kc / vc [L, B, S, Hkv, D]: writes this layer's new keys
-        and values at slots cache_index.. (in place) and attends over the live slots -> (h, kc, vc)."""
+        """One decoder block against the full cache kc / vc [L, B, S, Hkv, D] (or, with layer None, this layer's
+        own buffers [B, S, Hkv, D]): writes this layer's new keys and values at slots cache_index.. (in place)
+        and attends over the live slots -> (h, kc, vc)."""
         x = rms_norm(h, lp["attn_norm"], self.cfg.rms_norm_eps)
         q, k, v = self._qkv(x, lp, positions, inv_freq, attn_factor)
-        at = (layer, 0, cache_index, 0, 0)
-        kc = jax.lax.dynamic_update_slice(kc, k[None].astype(kc.dtype), at)
-        vc = jax.lax.dynamic_update_slice(vc, v[None].astype(vc.dtype), at)
+        if layer is None:
+            at, k, v = (0, cache_index, 0, 0), k, v
+        else:
+            at, k, v = (layer, 0, cache_index, 0, 0), k[None], v[None]
+        kc = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), at)
+        vc = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), at)
         o = attend_live(q, kc, vc, layer, valid, cache_index, self.cfg.num_kv_heads, block)
         h = h + jnp.einsum("btf,fh->bth", o, lp["wo"]).astype(h.dtype)
         return h + self._mlp(h, lp), kc, vc
@@ -339,6 +350,21 @@ def init_cache(cfg: TransformerConfig, batch: int, max_len: int, dtype=None, pre
         cache = {"k": at(cache["k"], prefix.k), "v": at(cache["v"], prefix.v),
                  "valid": at(cache["valid"], prefix.valid)}
     return cache
+
+
+def split_cache(cache: dict) -> dict:
+    """The cache with k and v as lists of per-layer buffers [B, S, Hkv, D], for straight-line layers
+    (`layers=`): each layer then writes and reads its own buffer. From the stacked [L, ...] arrays a decode step
+    reads a layer through a slice, which XLA materialises (on an H200 at SmolLM2 shape, B 256: a copy of every
+    layer's keys and values at every step, 29% of the decode's device time; experiments/bench/RESULTS.md).
+    `stack_cache` undoes it."""
+    L = cache["k"].shape[0]
+    return dict(cache, k=[cache["k"][i] for i in range(L)], v=[cache["v"][i] for i in range(L)])
+
+
+def stack_cache(cache: dict) -> dict:
+    """`split_cache` undone: k, v stacked back into [L, B, S, Hkv, D] arrays."""
+    return dict(cache, k=jnp.stack(cache["k"]), v=jnp.stack(cache["v"]))
 
 
 def create(cfg: TransformerConfig, key) -> Transformer:

@@ -13,7 +13,10 @@ Variants (same weights, prompts and key, greedy, no stop token so every step run
 - `inplace_unrolled` / `live_unrolled`: the same with the layers as straight-line code (`unroll_layers` = the
   model's depth; on a CPU the library unrolls only models of <= 8 layers), for deep models on a GPU, where the
   block loop's data-dependent trip count costs a host round trip per iteration and a layer scan slices every
-  layer's weights at every step (`sampling.decode_plan`).
+  layer's weights at every step (`sampling.decode_plan`);
+- `unrolled_reduce`: `inplace_unrolled` with the one-query decode attention as multiply-and-reduce fusions
+  (`attend_reduce` below) instead of two batched matmuls with M = the query group (3 at SmolLM2 shape), which
+  may make XLA transpose the cache into the matmul's layout at every step (a candidate, not in the library).
 `--variants` picks a subset (`old` always runs: it is the reference of every ratio).
 Each repeat runs every variant once (interleaved, so load changes hit all alike); printed: median ms per
 generate call, decode tok/s, and the per-repeat ratio old / variant as min / median / max.
@@ -36,6 +39,40 @@ import legacy_decode as LD  # noqa: E402
 
 from crl_jax import sampling as S  # noqa: E402
 from crl_jax.models import transformer as tr  # noqa: E402
+
+
+def attend_reduce(q, kc, vc, layer, valid, cache_index, num_kv_heads: int, block: int = 128):
+    """`attention.attend_live` for one query per row (a decode step), as two reductions that read this layer's
+    keys and values once, in the cache's own layout; other calls (the prefill) go to the library's."""
+    B, T, Nq, D = q.shape
+    if T != 1:
+        return ATTEND_LIVE(q, kc, vc, layer, valid, cache_index, num_kv_heads, block)
+    Kv, S = num_kv_heads, kc.shape[-3]
+    k = kc if layer is None else jax.lax.dynamic_index_in_dim(kc, layer, 0, keepdims=False)  # [B, S, Kv, D]
+    v = vc if layer is None else jax.lax.dynamic_index_in_dim(vc, layer, 0, keepdims=False)
+    qg = q.reshape(B, Kv, Nq // Kv, D).astype(jnp.float32) / jnp.sqrt(jnp.float32(D))
+    s = jnp.sum(qg[:, None] * k[:, :, :, None, :].astype(jnp.float32), axis=-1)  # [B, S, Kv, G]
+    ok = valid & (jnp.arange(S)[None, :] <= cache_index)  # [B, S]
+    s = jnp.where(ok[:, :, None, None], s, -jnp.inf)
+    m = s.max(axis=1, keepdims=True)
+    p = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
+    l = p.sum(axis=1)  # [B, Kv, G]
+    o = jnp.sum(p[..., None] * v[:, :, :, None, :].astype(jnp.float32), axis=1)  # [B, Kv, G, D]
+    o = o / jnp.where(l > 0, l, 1.0)[..., None]
+    return o.reshape(B, 1, Nq * D).astype(vc.dtype)
+
+
+ATTEND_LIVE = tr.attend_live
+
+
+def sample_reduce(*args):
+    """`sampling.sample_tokens` traced with `attend_reduce` as the transformer's cached attention (its own
+    function, so jit keeps its own cache of programs)."""
+    tr.attend_live = attend_reduce
+    try:
+        return S.sample_tokens(*args)
+    finally:
+        tr.attend_live = ATTEND_LIVE
 
 
 def build(name: str, dtype: str):
@@ -62,6 +99,7 @@ def run(model: str, batches, P: int, N: int, block: int, reps: int, dtype: str,
         names=("old", "inplace", "live")) -> list[dict]:
     gd, pa, cfg = build(model, dtype)
     new = jax.jit(S.sample_tokens, static_argnums=(0, 5))
+    red = jax.jit(sample_reduce, static_argnums=(0, 5))
     rows = []
     for B in batches:
         prompt = jax.random.randint(jax.random.key(1), (B, P), 1, cfg.vocab_size)
@@ -77,6 +115,8 @@ def run(model: str, batches, P: int, N: int, block: int, reps: int, dtype: str,
                                             S.SamplerConfig(**base, attn_block=P + N, **unroll)),
             "live_unrolled": lambda: new(gd, pa, prompt, plen, key,
                                          S.SamplerConfig(**base, attn_block=block, **unroll)),
+            "unrolled_reduce": lambda: red(gd, pa, prompt, plen, key,
+                                           S.SamplerConfig(**base, attn_block=P + N, **unroll)),
         }
         variants = {k: f for k, f in every.items() if k == "old" or k in names}
         outs = {k: jax.block_until_ready(f()) for k, f in variants.items()}  # compile + warm
@@ -122,7 +162,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--variants", default="old,inplace,live",
-                   help="comma list of old, inplace, live, inplace_unrolled, live_unrolled")
+                   help="comma list of old, inplace, live, inplace_unrolled, live_unrolled, unrolled_reduce")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)

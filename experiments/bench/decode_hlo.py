@@ -3,8 +3,9 @@
     python experiments/bench/decode_hlo.py [--model smollm2-shape] [--batch 256] [--smoke] [--json OUT]
 
 Compiles `sampling.sample_tokens` with the backend's decode plan (`decode_plan`) and counts, in the
-optimized HLO, the instructions whose result has the cache's shape [L, B, S, Hkv, D]: copies, converts,
-dynamic-update-slices and fusions. In place, one decode step should only write the new slot of each layer, so
+optimized HLO, the instructions whose result has the cache's shape [L, B, S, Hkv, D] (and, under
+`layer_buffer`, one layer's [B, S, Hkv, D]: straight-line layers decode over per-layer buffers,
+`transformer.split_cache`): copies, converts, dynamic-update-slices and fusions. In place, one decode step should only write the new slot of each layer, so
 whole-cache copies or converts inside the loop are bytes the step did not need to move (on a CPU, XLA
 computes a bf16 cache's update in float32: a convert of the whole cache per layer and step). Also counted:
 while loops, and the instructions of the whole module. The HLO text is kept with --dump FILE.
@@ -51,7 +52,7 @@ def main(argv=None) -> dict:
     if a.smoke:
         a.model, a.batch, a.prompt_len, a.new_tokens = "micro", 2, 8, 8
     if a.model == "micro":
-        cfg = tr.tiny_config(128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+        cfg = tr.tiny_config(128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                              param_dtype=a.dtype)
     else:
         from crl_jax.models.presets import preset_config
@@ -68,10 +69,12 @@ def main(argv=None) -> dict:
         with open(a.dump, "w") as f:
             f.write(txt)
     shape = f"{cfg.num_layers},{B},{P + N},{cfg.num_kv_heads},{cfg.dim_head}"
+    layer_shape = shape.split(",", 1)[1]  # one layer's buffer (`transformer.split_cache`, straight-line layers)
     row = dict(model=a.model, batch=B, P=P, N=N, dtype=a.dtype, backend=jax.default_backend(),
                device=str(jax.devices()[0].device_kind), attn_block=block, layers_unrolled=unrolled,
                cache_shape=f"[{shape}]", cache_mib=2 * cfg.num_layers * B * (P + N) * cfg.num_kv_heads * cfg.dim_head
-               * jnp.dtype(tr.as_dtype(a.dtype)).itemsize / 2**20, **count(txt, shape))
+               * jnp.dtype(tr.as_dtype(a.dtype)).itemsize / 2**20, **count(txt, shape),
+               layer_buffer={k: v for k, v in count(txt, layer_shape).items() if k not in ("while_loops", "instructions")})
     print(json.dumps(row), flush=True)
     if a.json:
         with open(a.json, "w") as f:

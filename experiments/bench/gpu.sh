@@ -106,11 +106,11 @@ else
     --variants chunked,full,cudnn,cudnn_fullmask
   step iteration 200 iteration.py --steps 3 --seeds 8 --reps 2 --warmup 6  # warmed up: the extractor trains
   step decode_cache 110 decode_cache.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
-    --block 128 --dtype bfloat16 --reps 3 --variants old,inplace,live,inplace_unrolled,live_unrolled
+    --block 128 --dtype bfloat16 --reps 3 --variants old,inplace,live,inplace_unrolled,live_unrolled,unrolled_reduce
   step logprob_memory 40 logprob_memory.py --batch 8 --seq 1024 --hidden 576 --vocab 49152 --dtype bfloat16 \
     --time 3 --model
   if [ "$EXPLORE" = 1 ]; then
-    step explore_profile 100 gpu_profile.py
+    step explore_profile 120 gpu_profile.py --dump-dir "$(dirname "$RES")"  # + the compiled HLO texts (gzip)
     step explore_decode_hlo 60 decode_hlo.py --model smollm2-shape --batch 256 --dtype bfloat16
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE \
 --xla_gpu_graph_min_graph_size=1" step explore_cmdbuf 90 sampler.py --model smollm2-shape --batches 1,256 \

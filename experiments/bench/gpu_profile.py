@@ -19,12 +19,14 @@ import glob
 import gzip
 import json
 import os
+import re
 import tempfile
 import time
 
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from crl_jax import sampling as S
 from crl_jax.learner import train_state as ts
@@ -55,29 +57,66 @@ def device_events(trace_dir: str) -> list[dict]:
             and not e["name"].startswith(nested)]
 
 
-def summarize(events: list[dict], wall_s: float, steps: int, top: int) -> dict:
+def summarize(events: list[dict], wall_s: float, steps: int, top: int, hlo_text: str = "") -> dict:
+    """Events summed by name (kernel names) and by the HLO instruction each kernel runs (`args.hlo_op`, where the
+    trace has it); each top HLO op carries its instruction line and, for a fusion, its fused computation's root
+    (from the compiled module's text `hlo_text`), so a kernel can be read as what it computes."""
     by = collections.defaultdict(lambda: [0.0, 0])
+    by_op = collections.defaultdict(lambda: [0.0, 0, ""])
     for e in events:
         by[e["name"]][0] += e.get("dur", 0.0) / 1e6
         by[e["name"]][1] += 1
+        op = (e.get("args") or {}).get("hlo_op")
+        if op:
+            by_op[op][0] += e.get("dur", 0.0) / 1e6
+            by_op[op][1] += 1
+            by_op[op][2] = e["name"]
     busy = sum(v[0] for v in by.values())
     rows = sorted(by.items(), key=lambda kv: -kv[1][0])[:top]
+    ops = sorted(by_op.items(), key=lambda kv: -kv[1][0])[:top]
     return dict(wall_s=wall_s, device_busy_s=busy, idle_share=max(0.0, 1 - busy / wall_s) if wall_s else None,
                 events=len(events), events_per_step=len(events) / steps,
-                top=[dict(name=k[:120], seconds=v[0], count=v[1], share=v[0] / busy if busy else 0.0) for k, v in rows])
+                top=[dict(name=k[:120], seconds=v[0], count=v[1], share=v[0] / busy if busy else 0.0) for k, v in rows],
+                top_ops=[dict(op=k, kernel=v[2][:80], seconds=v[0], count=v[1], share=v[0] / busy if busy else 0.0,
+                              hlo=hlo_line(hlo_text, k)) for k, v in ops])
 
 
-def profiled(fn, steps: int, top: int) -> dict:
-    jax.block_until_ready(fn())  # compile and warm up outside the trace
+def hlo_line(text: str, op: str, width: int = 400) -> str:
+    """The instruction `op` of HLO module text (its line, shortened), and for a fusion the ROOT line of the
+    computation it calls: enough to tell a cache copy from a matmul."""
+    m = re.search(r"^\s*(?:ROOT\s+)?%?" + re.escape(op) + r" = (.*)$", text, re.M)
+    if not m:
+        return ""
+    line = m.group(1)
+    out = line[:width]
+    c = re.search(r"calls=%?([\w.-]+)", line)
+    if c:
+        body = re.search(r"^%?" + re.escape(c.group(1)) + r" .*?\{(.*?)^\}", text, re.M | re.S)
+        root = re.search(r"ROOT\s+(.*)$", body.group(1), re.M) if body else None
+        if root:
+            out += "  || ROOT " + root.group(1)[:width]
+    return out
+
+
+def profiled(jitted, args: tuple, steps: int, top: int, dump: str | None = None) -> dict:
+    """Compile `jitted` for `args` once, run it to warm up, then once under the profiler."""
+    compiled = jitted.lower(*args).compile()
+    text = compiled.as_text()
+    dyn = tuple(a for a in args if not isinstance(a, (S.SamplerConfig, nnx.GraphDef)))
+    fn = lambda: compiled(*dyn)  # noqa: E731
+    jax.block_until_ready(fn())  # warm up outside the trace
+    if dump:
+        with gzip.open(dump, "wt") as f:
+            f.write(text)
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
             t0 = time.perf_counter()
             jax.block_until_ready(fn())
             wall = time.perf_counter() - t0
-        return summarize(device_events(d), wall, steps, top)
+        return summarize(device_events(d), wall, steps, top, text)
 
 
-def decode_case(B: int, smoke: bool, top: int) -> dict:
+def decode_case(B: int, smoke: bool, top: int, dump_dir: str | None = None) -> dict:
     if smoke:
         cfg = tr.tiny_config(128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1)
         P, N = 8, 8
@@ -88,11 +127,12 @@ def decode_case(B: int, smoke: bool, top: int) -> dict:
     plen = jnp.full((B,), P, jnp.int32)
     sc = S.SamplerConfig(max_new_tokens=N, temperature=1.0)
     fn = jax.jit(S.sample_tokens, static_argnums=(0, 5))
-    out = profiled(lambda: fn(gd, pa, prompt, plen, jax.random.key(2), sc), N, top)
+    out = profiled(fn, (gd, pa, prompt, plen, jax.random.key(2), sc), N, top,
+                   dump_dir and os.path.join(dump_dir, f"hlo_decode_b{B}.txt.gz"))
     return dict(what="decode", batch=B, P=P, N=N, plan=S.decode_plan(sc, P + N, cfg.num_layers), **out)
 
 
-def train_case(smoke: bool, top: int) -> dict:
+def train_case(smoke: bool, top: int, dump_dir: str | None = None) -> dict:
     if smoke:
         cfg, B, T = tr.tiny_config(256, hidden_size=32, intermediate_size=64, num_layers=1, remat=True), 2, 32
     else:
@@ -105,8 +145,8 @@ def train_case(smoke: bool, top: int) -> dict:
         logp, _ = ts.token_logprobs(gd, params, batch, mask)
         return -jnp.sum(logp), (jnp.float32(B * (T - 1)), {})
 
-    step = jax.jit(lambda s, b: ts.apply_update(s, b, loss_fn, 1))
-    out = profiled(lambda: step(state, toks)[1], 1, top)
+    out = profiled(jax.jit(lambda s, b: ts.apply_update(s, b, loss_fn, 1)), (state, toks), 1, top,
+                   dump_dir and os.path.join(dump_dir, "hlo_train.txt.gz"))
     return dict(what="train", batch=B, seq=T, **out)
 
 
@@ -116,20 +156,24 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--json", default=None)
+    p.add_argument("--dump-dir", default=None, help="write each workload's compiled HLO text here (gzip)")
     a = p.parse_args(argv)
     rows = []
     for w in a.what.split(","):
-        cases = [lambda B=B: decode_case(B, a.smoke, a.top) for B in ((2,) if a.smoke else (1, 256))] \
-            if w == "decode" else [lambda: train_case(a.smoke, a.top)]
+        cases = [lambda B=B: decode_case(B, a.smoke, a.top, a.dump_dir) for B in ((2,) if a.smoke else (1, 256))] \
+            if w == "decode" else [lambda: train_case(a.smoke, a.top, a.dump_dir)]
         for case in cases:
             try:
                 r = case()
             except Exception as e:  # noqa: BLE001  (one workload failing keeps the others)
                 r = dict(what=w, error=f"{type(e).__name__}: {str(e)[:500]}")
             rows.append(r)
-            print(json.dumps({k: v for k, v in r.items() if k != "top"}), flush=True)
+            print(json.dumps({k: v for k, v in r.items() if k not in ("top", "top_ops")}), flush=True)
             for t in r.get("top", []):
                 print(f"   {t['share']:6.1%} {t['seconds'] * 1e3:9.3f} ms x{t['count']:<5d} {t['name']}", flush=True)
+            for t in r.get("top_ops", []):
+                print(f"   op {t['share']:6.1%} {t['seconds'] * 1e3:9.3f} ms x{t['count']:<5d} {t['op']} [{t['kernel']}]"
+                      f"\n        {t['hlo'][:300]}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(device=str(jax.devices()[0].device_kind), rows=rows), f, indent=1)

@@ -34,7 +34,8 @@ def test_gpu_script_smoke(tmp_path):
     assert steps["logprob_memory"]["result"]["head_temp_ratio"] <= 0.125
     # the compiled decode writes the cache with dynamic-update-slices and makes no whole-cache copy
     hlo = steps["decode_hlo"]["result"]
-    assert hlo["dynamic-update-slice"] > 0 and hlo["copy"] == 0
+    # (straight-line layers: one buffer per layer, written in place and never copied inside the decode loop)
+    assert hlo["layer_buffer"]["dynamic-update-slice"] > 0 and hlo["layer_buffer"]["copy"] == 0 and hlo["copy"] == 0
     # the profile summary read the trace back: device events per decode step, top events by time
     prof = {r["what"]: r for r in steps["gpu_profile"]["result"]["rows"]}
     assert prof["decode"]["events_per_step"] > 1 and prof["decode"]["top"] and prof["train"]["device_busy_s"] > 0

@@ -96,7 +96,8 @@ def test_straight_line_layers_equal_the_layer_scan(model, P, N, temperature):
 def test_layer_list_forward_equals_the_scan(family):
     """`model(..., cache=..., layers=model.layer_list(fused))` gives the scan's hidden states and cache, with
     the per-layer weights as stored and with q/k/v and gate/up fused (what the sampler passes), for the
-    llama, qwen2 (q/k/v biases) and qwen3 (q/k norms) layers."""
+    llama, qwen2 (q/k/v biases) and qwen3 (q/k norms) layers; and over one KV buffer per layer
+    (`transformer.split_cache`), stacked back (`stack_cache`)."""
     extra = {"llama": {}, "qwen2": dict(attention_bias=True), "qwen3": dict(qk_norm=True)}[family]
     m = tr.create(tr.tiny_config(V, num_layers=3, **extra), jax.random.key(5))
     if family == "qwen2":  # non-zero biases, so a mis-split would show
@@ -106,11 +107,41 @@ def test_layer_list_forward_equals_the_scan(family):
     pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
     outs = [m(toks, positions=pos, cache=tr.init_cache(m.cfg, 2, 16), cache_index=0, return_hidden=True,
               layers=layers) for layers in (None, m.layer_list(), m.layer_list(fused=True))]
+    # one KV buffer per layer (what the sampler decodes over), with a block loop (block 4) and without (16)
+    for block in (4, 16):
+        h, c = m(toks, positions=pos, cache=tr.split_cache(tr.init_cache(m.cfg, 2, 16)), cache_index=0,
+                 return_hidden=True, layers=m.layer_list(fused=True), attn_block=block)
+        assert isinstance(c["k"], list) and c["k"][0].shape == (2, 16, m.cfg.num_kv_heads, m.cfg.dim_head)
+        outs.append((h, tr.stack_cache(c)))
     assert set(m.layer_list(fused=True)[0]) >= {"wqkv", "w_gate_up"}
     for out in outs[1:]:
         np.testing.assert_allclose(outs[0][0], out[0], rtol=2e-5, atol=1e-5)  # float32 op order
         for k in ("k", "v"):
             np.testing.assert_allclose(outs[0][1][k], out[1][k], rtol=2e-5, atol=1e-5)
+
+
+def test_split_cache_round_trip_and_attend_live_rank_check():
+    """`split_cache` / `stack_cache` round-trip; `attend_live` on one layer's buffer (layer None) equals the same
+    layer read from the stack; a per-layer buffer with a layer index (or a stack without one) is refused."""
+    from crl_jax.models.attention import attend_live
+
+    rng = np.random.default_rng(0)
+    kc, vc = (jnp.asarray(rng.standard_normal((3, 2, 10, 2, 8)), jnp.float32) for _ in range(2))
+    cache = {"k": kc, "v": vc, "valid": jnp.ones((2, 10), bool)}
+    split = tr.split_cache(cache)
+    assert len(split["k"]) == 3 and split["valid"] is cache["valid"]
+    back = tr.stack_cache(split)
+    np.testing.assert_array_equal(back["k"], kc)
+    np.testing.assert_array_equal(back["v"], vc)
+    q = jnp.asarray(rng.standard_normal((2, 1, 4, 8)), jnp.float32)
+    for block in (3, 16):
+        ref = attend_live(q, kc, vc, 1, cache["valid"], 6, 2, block)
+        np.testing.assert_allclose(attend_live(q, split["k"][1], split["v"][1], None, cache["valid"], 6, 2, block),
+                                   ref, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="rank 4 with layer=1"):
+        attend_live(q, split["k"][1], split["v"][1], 1, cache["valid"], 6, 2)
+    with pytest.raises(ValueError, match="rank 5 with layer=None"):
+        attend_live(q, kc, vc, None, cache["valid"], 6, 2)
 
 
 def test_unroll_layers_config_checked():
