@@ -7,7 +7,8 @@ They compute the policy's log-probs of the trained tokens and hand them to the p
 
 Full-sequence (the LLM path; `ActorBatch` / `ExtractorBatch` of `train_state`): `actor_ppo_loss(cfg)`,
 `extractor_cispo_loss(cfg)` score every response token under the model's full-vocabulary distribution
-(`train_state.token_logprobs`).
+(`train_state.token_logprobs`; the extractor's head only over its response window,
+`train_state.window_token_logprobs`).
 
 Constrained-vocabulary (the tiny path; `TurnBatch`, and `ExtractorBatch`): `actor_turn_loss`,
 `extractor_constrained_loss`. There the actor samples its action from the softmax over the action
@@ -39,7 +40,8 @@ from flax import struct
 
 from crl_jax import losses
 from crl_jax.actor.rollout import last_logits
-from crl_jax.learner.train_state import ActorBatch, ExtractorBatch, LossFn, token_logprobs
+from crl_jax.learner.train_state import (ActorBatch, ExtractorBatch, LossFn, token_logprobs,
+                                        window_token_logprobs)
 from crl_jax.models import transformer as tr
 
 # ----------------------------------------------------------------------------------------------
@@ -83,11 +85,18 @@ def actor_ppo_loss(cfg: PPOLossConfig = PPOLossConfig()) -> LossFn:
 
 
 def extractor_cispo_loss(cfg: CISPOLossConfig = CISPOLossConfig()) -> LossFn:
-    """fn(graphdef, params, ExtractorBatch) -> (num, (den, metrics)) of `losses.cispo_loss`."""
+    """fn(graphdef, params, ExtractorBatch) -> (num, (den, metrics)) of `losses.cispo_loss`. With the batch's
+    static `response_width` (set by `batches.extractor_batch`), the vocabulary head scores only that window
+    after each row's prompt (`window_token_logprobs`); None: every position (the reference path)."""
 
     def fn(graphdef, params, batch: ExtractorBatch):
         mask = _trained_mask(batch)
-        logp, ent = token_logprobs(graphdef, params, batch.tokens, mask, with_entropy=cfg.entropy_metric)
+        W = batch.response_width
+        if W is not None and W < batch.tokens.shape[1] - 1:
+            logp, ent = window_token_logprobs(graphdef, params, batch.tokens, mask, W,
+                                              with_entropy=cfg.entropy_metric)
+        else:
+            logp, ent = token_logprobs(graphdef, params, batch.tokens, mask, with_entropy=cfg.entropy_metric)
         num, den, metrics = losses.cispo_loss_parts(
             logp, batch.behavior_logp, batch.advantages, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
             entropy_t=ent)

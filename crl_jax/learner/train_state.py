@@ -102,8 +102,9 @@ class ExtractorBatch:
     advantages: jax.Array  # [N] float32, already multiplied by the repeat weights
     ready: jax.Array  # bool scalar: buffer full, take the extractor step
     prior: Any = None  # optional synthetic rows of a prior-preserving auxiliary loss (tiny path)
-    # static: every response is at most this long, so the tiny path's loss scores only that window after each
-    # row's first trained position (`loss_fns.extractor_constrained_loss`); None: every position
+    # static: every response is at most this long, so the losses score only that window after each row's first
+    # trained position (tiny path: `loss_fns.extractor_constrained_loss`; LLM path: the vocabulary head of
+    # `extractor_cispo_loss`, `window_token_logprobs`); None: every position
     response_width: int | None = struct.field(pytree_node=False, default=None)
 
 
@@ -141,6 +142,31 @@ def token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, *, with
     if with_entropy:
         entropy = jnp.where(valid, jnp.concatenate([pad, ent], axis=1), 0.0)
     return logp, entropy
+
+
+def window_token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, width: int, *,
+                          with_entropy: bool = False):
+    """`token_logprobs` when every trained position of a row lies in the `width` positions from its first one
+    (a prompt, then a response of at most `width` tokens: the extractor's batches). The forward pass is the same
+    (`model(tokens, return_hidden=True)`, which keeps the backend's fused attention), but the vocabulary head
+    runs for those `width` positions per row only, not for the prompt's. Equal values and gradients; trained
+    positions past the window would get 0 (the caller's static width bounds every response)."""
+    chex.assert_rank([tokens, mask], 2)
+    chex.assert_equal_shape([tokens, mask])
+    B, T = tokens.shape
+    model = nnx.merge(graphdef, params)
+    valid = mask.astype(bool) & (jnp.arange(T) >= 1)[None, :]
+    start = jnp.argmax(valid, axis=1)  # first trained position (0 for a row with none: it stays all 0)
+    pos = start[:, None] + jnp.arange(width)[None, :]  # [B, W]
+    at = jnp.clip(pos, 1, T - 1)
+    h = model(tokens, return_hidden=True)
+    hw = jnp.take_along_axis(h, (at - 1)[:, :, None], axis=1)  # [B, W, H]: the states that predict them
+    lp, ent = chunked_logprobs(hw, model.unembed_matrix(), jnp.take_along_axis(tokens, at, axis=1).astype(jnp.int32),
+                               with_entropy=with_entropy)
+    off = jnp.arange(T)[None, :] - start[:, None]  # [B, T]: each position's offset in its row's window
+    inside = valid & (off >= 0) & (off < width)
+    back = lambda x: jnp.where(inside, jnp.take_along_axis(x, jnp.clip(off, 0, width - 1), axis=1), 0.0)  # noqa: E731
+    return back(lp), (back(ent) if with_entropy else None)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The tiny extractor's losses over the response window only (`loss_fns.response_window_logits`): equal values,
-metrics and gradients to the full-sequence path they replace (`response_width=None`), on the loop's own rows."""
+"""The extractor's losses over the response window only (tiny path: `loss_fns.response_window_logits`; LLM path:
+`train_state.window_token_logprobs`): equal values, metrics and gradients to the full-sequence path they replace
+(`response_width=None`)."""
 
 import jax
 import jax.numpy as jnp
@@ -77,3 +78,45 @@ def test_constrained_cispo_over_the_window_equals_the_full_sequence(rt):
     assert float(win[0][1][0]) == 11  # trained tokens: 5 + 2 + 0 + 4
     assert abs(float(win[0][0])) < 100  # tokens the masks allow: finite log-probs
     _assert_trees_close(win, full)
+
+
+def _llm_batch(W):
+    """A full-vocabulary extractor batch (the LLM path's layout: prompt, then response; right-padded)."""
+    T, V = 16, 300
+    start = jnp.array([3, 9, 4, 12])
+    length = jnp.array([5, 2, 0, 4])  # row 2: nothing trained; row 3: positions 12..15 (the window runs past T)
+    toks = jnp.asarray(np.random.default_rng(7).integers(1, V, (4, T)), jnp.int32)
+    t = jnp.arange(T)[None]
+    mask = (t >= start[:, None]) & (t < (start + length)[:, None])
+    blogp = jnp.where(mask, -jax.random.uniform(jax.random.key(4), (4, T), minval=2.0, maxval=7.0), 0.0)
+    return V, ts.ExtractorBatch(tokens=toks, loss_mask=mask, behavior_logp=blogp,
+                                advantages=jnp.array([1.0, -0.5, 2.0, 0.7]), ready=jnp.asarray(True), response_width=W)
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_llm_cispo_head_over_the_window_equals_the_full_sequence(jit):
+    """`extractor_cispo_loss` (LLM path) with the batch's response width: the vocabulary head runs over the
+    window only (`train_state.window_token_logprobs`); log-probs, entropies, loss, metrics and gradients equal
+    the full path's. A width narrower than a response drops its tail (the check can fail)."""
+    from crl_jax.learner.loss_fns import CISPOLossConfig, extractor_cispo_loss
+
+    V, eb = _llm_batch(5)
+    gd, params = tr.split(tr.create(tr.tiny_config(V), jax.random.key(3)))
+    mask = eb.loss_mask & (jnp.arange(eb.tokens.shape[1]) >= 1)[None]
+    wrap = jax.jit if jit else (lambda f: f)
+    win = wrap(lambda p: ts.window_token_logprobs(gd, p, eb.tokens, mask, 5, with_entropy=True))(params)
+    full = wrap(lambda p: ts.token_logprobs(gd, p, eb.tokens, mask, with_entropy=True))(params)
+    _assert_trees_close(win, full)
+    assert int((np.asarray(win[0]) != 0).sum()) == 11  # every trained token scored, nothing else
+    fn = extractor_cispo_loss(CISPOLossConfig(eps_low=0.2, eps_high=0.1))
+
+    def loss(p, b):
+        num, (den, met) = fn(gd, p, b)
+        return num / den, (den, met)
+
+    vg = wrap(jax.value_and_grad(loss, has_aux=True))
+    w, f = vg(params, eb), vg(params, eb.replace(response_width=None))
+    assert float(w[0][1][0]) == 11 and np.isfinite(float(w[0][0]))
+    _assert_trees_close(w, f)
+    narrow = ts.window_token_logprobs(gd, params, eb.tokens, mask, 3)[0]
+    assert int((np.asarray(narrow) != 0).sum()) == 3 + 2 + 0 + 3  # rows 0 and 3 lose their last tokens
