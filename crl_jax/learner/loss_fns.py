@@ -7,8 +7,8 @@ They compute the policy's log-probs of the trained tokens and hand them to the p
 
 Full-sequence (the LLM path; `ActorBatch` / `ExtractorBatch` of `train_state`): `actor_ppo_loss(cfg)`,
 `extractor_cispo_loss(cfg)` score every response token under the model's full-vocabulary distribution
-(`train_state.token_logprobs`; the extractor's head only over its response window,
-`train_state.window_token_logprobs`).
+(`train_state.token_logprobs`; with the batch's static bound on trained tokens, `ActorBatch.trained_width` /
+`ExtractorBatch.response_width`, the vocabulary head runs over those tokens only, `compact_token_logprobs`).
 
 Constrained-vocabulary (the tiny path; `TurnBatch`, and `ExtractorBatch`): `actor_turn_loss`,
 `extractor_constrained_loss`. There the actor samples its action from the softmax over the action
@@ -40,8 +40,8 @@ from flax import struct
 
 from crl_jax import losses
 from crl_jax.actor.rollout import last_logits
-from crl_jax.learner.train_state import (ActorBatch, ExtractorBatch, LossFn, token_logprobs,
-                                        window_token_logprobs)
+from crl_jax.learner.train_state import (ActorBatch, ExtractorBatch, LossFn, compact_token_logprobs,
+                                        token_logprobs)
 from crl_jax.models import transformer as tr
 
 # ----------------------------------------------------------------------------------------------
@@ -69,12 +69,22 @@ def _trained_mask(batch):
     return batch.loss_mask.astype(bool) & (jnp.arange(batch.tokens.shape[1]) >= 1)[None, :]
 
 
+def _logprobs(graphdef, params, tokens, mask, bound, with_entropy):
+    """Log-probs (and entropies) of the trained tokens: the head over at most `bound` positions per row when the
+    batch gives that static bound and it is shorter than the sequence (`compact_token_logprobs`), else over all."""
+    if bound is not None and bound < tokens.shape[1] - 1:
+        return compact_token_logprobs(graphdef, params, tokens, mask, bound, with_entropy=with_entropy)
+    return token_logprobs(graphdef, params, tokens, mask, with_entropy=with_entropy)
+
+
 def actor_ppo_loss(cfg: PPOLossConfig = PPOLossConfig()) -> LossFn:
-    """fn(graphdef, params, ActorBatch) -> (num, (den, metrics)) of `losses.ppo_clip_loss`."""
+    """fn(graphdef, params, ActorBatch) -> (num, (den, metrics)) of `losses.ppo_clip_loss`. With the batch's static
+    `trained_width` (the LLM backend sets it) the vocabulary head scores only the replies' tokens
+    (`compact_token_logprobs`); None: every position."""
 
     def fn(graphdef, params, batch: ActorBatch):
         mask = _trained_mask(batch)
-        logp, ent = token_logprobs(graphdef, params, batch.tokens, mask, with_entropy=cfg.entropy_metric)
+        logp, ent = _logprobs(graphdef, params, batch.tokens, mask, batch.trained_width, cfg.entropy_metric)
         num, den, metrics = losses.ppo_clip_loss_parts(
             logp, batch.behavior_logp, batch.advantages, mask, clip_eps=cfg.clip_eps, ratio=cfg.ratio,
             aggregation=cfg.aggregation, sample_weight=batch.weight, entropy_t=ent,
@@ -86,17 +96,12 @@ def actor_ppo_loss(cfg: PPOLossConfig = PPOLossConfig()) -> LossFn:
 
 def extractor_cispo_loss(cfg: CISPOLossConfig = CISPOLossConfig()) -> LossFn:
     """fn(graphdef, params, ExtractorBatch) -> (num, (den, metrics)) of `losses.cispo_loss`. With the batch's
-    static `response_width` (set by `batches.extractor_batch`), the vocabulary head scores only that window
-    after each row's prompt (`window_token_logprobs`); None: every position (the reference path)."""
+    static `response_width` (set by `batches.extractor_batch`), the vocabulary head scores only the response
+    tokens (`compact_token_logprobs`); None: every position (the reference path)."""
 
     def fn(graphdef, params, batch: ExtractorBatch):
         mask = _trained_mask(batch)
-        W = batch.response_width
-        if W is not None and W < batch.tokens.shape[1] - 1:
-            logp, ent = window_token_logprobs(graphdef, params, batch.tokens, mask, W,
-                                              with_entropy=cfg.entropy_metric)
-        else:
-            logp, ent = token_logprobs(graphdef, params, batch.tokens, mask, with_entropy=cfg.entropy_metric)
+        logp, ent = _logprobs(graphdef, params, batch.tokens, mask, batch.response_width, cfg.entropy_metric)
         num, den, metrics = losses.cispo_loss_parts(
             logp, batch.behavior_logp, batch.advantages, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
             entropy_t=ent)

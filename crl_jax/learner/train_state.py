@@ -92,6 +92,9 @@ class ActorBatch:
     advantages: jax.Array  # [B] float32
     weight: jax.Array  # [B] float32 sample weight (split_group_weights; 0 for padding rows)
     ref_logp: jax.Array | None = None  # [B, T] reference-policy log-probs (only for kl_coef > 0)
+    # static: no row has more trained tokens than this (the LLM path: turns x max_action_tokens), so the loss's
+    # vocabulary head scores only those positions (`compact_token_logprobs`); None: every position
+    trained_width: int | None = struct.field(pytree_node=False, default=None)
 
 
 @struct.dataclass
@@ -104,7 +107,7 @@ class ExtractorBatch:
     prior: Any = None  # optional synthetic rows of a prior-preserving auxiliary loss (tiny path)
     # static: every response is at most this long, so the losses score only that window after each row's first
     # trained position (tiny path: `loss_fns.extractor_constrained_loss`; LLM path: the vocabulary head of
-    # `extractor_cispo_loss`, `window_token_logprobs`); None: every position
+    # `extractor_cispo_loss`, `compact_token_logprobs`); None: every position
     response_width: int | None = struct.field(pytree_node=False, default=None)
 
 
@@ -144,28 +147,32 @@ def token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, *, with
     return logp, entropy
 
 
-def window_token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, width: int, *,
-                          with_entropy: bool = False):
-    """`token_logprobs` when every trained position of a row lies in the `width` positions from its first one
-    (a prompt, then a response of at most `width` tokens: the extractor's batches). The forward pass is the same
-    (`model(tokens, return_hidden=True)`, which keeps the backend's fused attention), but the vocabulary head
-    runs for those `width` positions per row only, not for the prompt's. Equal values and gradients; trained
-    positions past the window would get 0 (the caller's static width bounds every response)."""
+def compact_token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, max_trained: int, *,
+                           with_entropy: bool = False):
+    """`token_logprobs` when no row has more than `max_trained` trained positions: the forward pass is the same
+    (`model(tokens, return_hidden=True)`, which keeps the backend's fused attention), but the vocabulary head runs
+    for each row's trained positions only, gathered into `max_trained` slots, not for its prompt or observation
+    tokens (the extractor's prompt before its response; the actor's conversation around its replies). Equal values
+    and gradients; a row's trained positions past its first `max_trained` would get 0 (the callers' static bound
+    covers every row: `ExtractorBatch.response_width`, `ActorBatch.trained_width`)."""
     chex.assert_rank([tokens, mask], 2)
     chex.assert_equal_shape([tokens, mask])
     B, T = tokens.shape
+    K = int(max_trained)
     model = nnx.merge(graphdef, params)
-    valid = mask.astype(bool) & (jnp.arange(T) >= 1)[None, :]
-    start = jnp.argmax(valid, axis=1)  # first trained position (0 for a row with none: it stays all 0)
-    pos = start[:, None] + jnp.arange(width)[None, :]  # [B, W]
-    at = jnp.clip(pos, 1, T - 1)
+    t = jnp.arange(T)
+    valid = mask.astype(bool) & (t >= 1)[None, :]
+    rank = jnp.cumsum(valid, axis=1) - 1  # [B, T]: each trained position's slot
+    keep = valid & (rank < K)
+    rows = jnp.arange(B)[:, None]
+    pos = jnp.zeros((B, K), jnp.int32).at[rows, jnp.where(keep, rank, K)].set(  # unused slots stay 0
+        jnp.broadcast_to(t, (B, T)).astype(jnp.int32), mode="drop")
+    at = jnp.maximum(pos, 1)
     h = model(tokens, return_hidden=True)
-    hw = jnp.take_along_axis(h, (at - 1)[:, :, None], axis=1)  # [B, W, H]: the states that predict them
-    lp, ent = chunked_logprobs(hw, model.unembed_matrix(), jnp.take_along_axis(tokens, at, axis=1).astype(jnp.int32),
+    hk = jnp.take_along_axis(h, (at - 1)[:, :, None], axis=1)  # [B, K, H]: the states that predict them
+    lp, ent = chunked_logprobs(hk, model.unembed_matrix(), jnp.take_along_axis(tokens, at, axis=1).astype(jnp.int32),
                                with_entropy=with_entropy)
-    off = jnp.arange(T)[None, :] - start[:, None]  # [B, T]: each position's offset in its row's window
-    inside = valid & (off >= 0) & (off < width)
-    back = lambda x: jnp.where(inside, jnp.take_along_axis(x, jnp.clip(off, 0, width - 1), axis=1), 0.0)  # noqa: E731
+    back = lambda x: jnp.where(keep, jnp.take_along_axis(x, jnp.clip(rank, 0, K - 1), axis=1), 0.0)  # noqa: E731
     return back(lp), (back(ent) if with_entropy else None)
 
 

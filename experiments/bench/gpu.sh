@@ -21,8 +21,8 @@
 #   decode_cache   the same shape: old sampler vs in-place cache vs live-length attention, each also with the
 #                  30 layers unrolled (ratios, one process)
 #   logprob_memory compiled temporary memory of the log-prob loss at V 49,152 / T 1,024 and at Qwen's V
-#   extractor_head the LLM extractor's CISPO loss at SmolLM2 shape: vocabulary head over every position vs over
-#                  the response window only (extractor_head.py)
+#   llm_head       the LLM path's actor and extractor losses at SmolLM2 shape: vocabulary head over every position
+#                  vs over the trained tokens only (llm_head.py)
 #   (--smoke also runs decode_hlo and gpu_profile at micro size; on the GPU they are explore steps)
 # --explore (after those, in the time left): explore_profile = kernel-by-kernel time of the SmolLM2-shape decode
 #   (B 1, 256) and the Qwen-shape training step (gpu_profile.py: jax.profiler, Perfetto JSON summed by name);
@@ -96,7 +96,7 @@ elif [ "$SMOKE" = 1 ]; then  # generous limits: they only catch hangs (a loaded 
   step logprob_memory 150 logprob_memory.py --smoke --time 1
   step decode_hlo 150 decode_hlo.py --smoke
   step gpu_profile 150 gpu_profile.py --smoke
-  step extractor_head 150 extractor_head.py --smoke
+  step llm_head 150 llm_head.py --smoke
   # iteration.py compiles the whole loop (minutes on a CPU): the smoke run only checks that it imports and
   # parses its arguments; tests/integration/test_loop.py runs the loop itself.
   timeout 150 "$PY" experiments/bench/iteration.py --help >"$WORK/iteration.log" 2>&1
@@ -112,7 +112,8 @@ else
     --block 128 --dtype bfloat16 --reps 3 --variants old,inplace,live,inplace_unrolled,live_unrolled,unrolled_reduce
   step logprob_memory 40 logprob_memory.py --batch 8 --seq 1024 --hidden 576 --vocab 49152 --dtype bfloat16 \
     --time 3 --model
-  step extractor_head 60 extractor_head.py --batch 8 --prompt-len 768 --response-len 128 --dtype bfloat16 --reps 3
+  step llm_head 90 llm_head.py --loss extractor,actor --batch 8 --prompt-len 768 --reply-len 16 --turns 8 \
+    --dtype bfloat16 --reps 3
   if [ "$EXPLORE" = 1 ]; then
     step explore_profile 120 gpu_profile.py --dump-dir "$(dirname "$RES")"  # + the compiled HLO texts (gzip)
     step explore_decode_hlo 60 decode_hlo.py --model smollm2-shape --batch 256 --dtype bfloat16

@@ -1,6 +1,6 @@
 """The extractor's losses over the response window only (tiny path: `loss_fns.response_window_logits`; LLM path:
-`train_state.window_token_logprobs`): equal values, metrics and gradients to the full-sequence path they replace
-(`response_width=None`)."""
+`train_state.compact_token_logprobs`, also the LLM actor's replies): equal values, metrics and gradients to the
+full-sequence path they replace (`response_width=None` / `trained_width=None`)."""
 
 import jax
 import jax.numpy as jnp
@@ -96,15 +96,15 @@ def _llm_batch(W):
 @pytest.mark.parametrize("jit", [True, False])
 def test_llm_cispo_head_over_the_window_equals_the_full_sequence(jit):
     """`extractor_cispo_loss` (LLM path) with the batch's response width: the vocabulary head runs over the
-    window only (`train_state.window_token_logprobs`); log-probs, entropies, loss, metrics and gradients equal
-    the full path's. A width narrower than a response drops its tail (the check can fail)."""
+    response tokens only (`train_state.compact_token_logprobs`); log-probs, entropies, loss, metrics and gradients
+    equal the full path's. A bound narrower than a response drops its tail (the check can fail)."""
     from crl_jax.learner.loss_fns import CISPOLossConfig, extractor_cispo_loss
 
     V, eb = _llm_batch(5)
     gd, params = tr.split(tr.create(tr.tiny_config(V), jax.random.key(3)))
     mask = eb.loss_mask & (jnp.arange(eb.tokens.shape[1]) >= 1)[None]
     wrap = jax.jit if jit else (lambda f: f)
-    win = wrap(lambda p: ts.window_token_logprobs(gd, p, eb.tokens, mask, 5, with_entropy=True))(params)
+    win = wrap(lambda p: ts.compact_token_logprobs(gd, p, eb.tokens, mask, 5, with_entropy=True))(params)
     full = wrap(lambda p: ts.token_logprobs(gd, p, eb.tokens, mask, with_entropy=True))(params)
     _assert_trees_close(win, full)
     assert int((np.asarray(win[0]) != 0).sum()) == 11  # every trained token scored, nothing else
@@ -118,5 +118,36 @@ def test_llm_cispo_head_over_the_window_equals_the_full_sequence(jit):
     w, f = vg(params, eb), vg(params, eb.replace(response_width=None))
     assert float(w[0][1][0]) == 11 and np.isfinite(float(w[0][0]))
     _assert_trees_close(w, f)
-    narrow = ts.window_token_logprobs(gd, params, eb.tokens, mask, 3)[0]
+    narrow = ts.compact_token_logprobs(gd, params, eb.tokens, mask, 3)[0]
     assert int((np.asarray(narrow) != 0).sum()) == 3 + 2 + 0 + 3  # rows 0 and 3 lose their last tokens
+
+
+def test_llm_actor_ppo_head_over_the_replies_equals_the_full_sequence():
+    """`actor_ppo_loss` on whole conversations (replies scattered between observation tokens, rows with 3, 1 and 0
+    replies) with `trained_width`: the vocabulary head runs over the reply tokens only; loss, metrics and
+    gradients equal the full path's, with the KL term on too."""
+    from crl_jax.learner.loss_fns import PPOLossConfig, actor_ppo_loss
+
+    T, V = 24, 300
+    m = np.zeros((3, T), bool)
+    m[0, 5:8] = m[0, 11:13] = m[0, 18:22] = True  # three replies: 3 + 2 + 4 tokens
+    m[1, 20:24] = True  # one reply that ends the row
+    mask = jnp.asarray(m)
+    toks = jnp.asarray(np.random.default_rng(8).integers(1, V, (3, T)), jnp.int32)
+    blogp = jnp.where(mask, -jax.random.uniform(jax.random.key(1), (3, T), minval=2.0, maxval=7.0), 0.0)
+    ab = ts.ActorBatch(tokens=toks, loss_mask=mask, behavior_logp=blogp, advantages=jnp.array([1.0, -1.0, 0.5]),
+                       weight=jnp.ones(3), ref_logp=blogp - 0.1, trained_width=9)
+    gd, params = tr.split(tr.create(tr.tiny_config(V), jax.random.key(2)))
+    fn = actor_ppo_loss(PPOLossConfig(kl_coef=0.05))
+
+    def loss(p, b):
+        num, (den, met) = fn(gd, p, b)
+        return num / den, (den, met)
+
+    vg = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    c, f = vg(params, ab), vg(params, ab.replace(trained_width=None))
+    assert float(c[0][1][0]) > 0 and np.isfinite(float(c[0][0]))
+    _assert_trees_close(c, f)
+    lp = ts.compact_token_logprobs(gd, params, toks, mask, 9)[0]
+    assert int((np.asarray(lp) != 0).sum()) == 13  # 9 + 4: every reply token scored, nothing else
+    assert int((np.asarray(ts.compact_token_logprobs(gd, params, toks, mask, 4)[0]) != 0).sum()) == 4 + 4

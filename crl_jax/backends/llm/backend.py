@@ -41,7 +41,8 @@ def actor_batch(rt, ep: LLMEpisodes, guided, split, key=None):
     G, K = guided.shape
     adv, w = batches.episode_advantages(rt, ep.reward.reshape(G, K), guided, split)
     batch = ts.ActorBatch(tokens=ep.tokens, loss_mask=ep.loss_mask, behavior_logp=ep.logp,
-                          advantages=adv.reshape(-1), weight=w.reshape(-1))
+                          advantages=adv.reshape(-1), weight=w.reshape(-1),
+                          trained_width=rt.num_turns * rt.cfg.rollout.max_action_tokens)  # every reply's tokens
     return batch, {"adv_abs_mean": jnp.abs(adv).mean()}
 
 

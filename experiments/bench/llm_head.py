@@ -1,0 +1,107 @@
+"""The LLM path's losses: vocabulary head over every position vs over the trained tokens only.
+
+    python experiments/bench/llm_head.py                 # SmolLM2-135M shape, B 2, extractor P 256 + R 128
+    python experiments/bench/llm_head.py --loss actor --prompt-len 896 --turns 8 --reply-len 16
+    python experiments/bench/llm_head.py --smoke         # micro model, both losses (CI keeps it running)
+
+- extractor: a row is a prompt (the trajectory to distil) then a response of R tokens
+  (`loss_fns.extractor_cispo_loss`, bound `ExtractorBatch.response_width`).
+- actor: a row is a whole conversation of T = P + turns * R tokens whose `turns` replies of R tokens each close
+  their turn's segment (`loss_fns.actor_ppo_loss`, bound `ActorBatch.trained_width`).
+Both variants run the same forward pass (`model(tokens, return_hidden=True)`); `full` scores every position
+with the vocabulary head (`train_state.token_logprobs`), `compact` only the trained tokens
+(`train_state.compact_token_logprobs`, what the losses use when the batch carries its bound). Timed:
+`jit(value_and_grad(loss))`, the two variants in turn per repeat (ratio per repeat, min / median / max), plus
+each program's compiled temporary memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from crl_jax.learner import train_state as ts
+from crl_jax.learner.loss_fns import CISPOLossConfig, PPOLossConfig, actor_ppo_loss, extractor_cispo_loss
+from crl_jax.models import transformer as tr
+
+
+def batches(loss: str, B: int, P: int, R: int, turns: int, vocab: int):
+    """(full batch, compact batch) with random tokens: extractor prompt + response, or an actor conversation."""
+    toks = lambda T: jax.random.randint(jax.random.key(1), (B, T), 1, vocab)  # noqa: E731
+    if loss == "extractor":
+        T = P + R
+        mask = jnp.broadcast_to((jnp.arange(T) >= P)[None], (B, T))
+        b = ts.ExtractorBatch(tokens=toks(T), loss_mask=mask, behavior_logp=jnp.where(mask, -5.0, 0.0),
+                              advantages=jnp.linspace(-1, 1, B), ready=jnp.asarray(True), response_width=R)
+        return b.replace(response_width=None), b
+    seg = P // turns + R  # each turn: observation tokens, then the reply
+    T = seg * turns
+    mask = jnp.broadcast_to(((jnp.arange(T) % seg) >= seg - R)[None], (B, T))
+    b = ts.ActorBatch(tokens=toks(T), loss_mask=mask, behavior_logp=jnp.where(mask, -5.0, 0.0),
+                      advantages=jnp.linspace(-1, 1, B), weight=jnp.ones(B), trained_width=turns * R)
+    return b.replace(trained_width=None), b
+
+
+def measure(loss: str, cfg, a) -> dict:
+    gd, params = tr.split(tr.create(cfg, jax.random.key(0)))
+    full, compact = batches(loss, a.batch, a.prompt_len, a.reply_len, a.turns, cfg.vocab_size)
+    fn = extractor_cispo_loss(CISPOLossConfig()) if loss == "extractor" else actor_ppo_loss(PPOLossConfig())
+
+    def value(pa, b):
+        num, (den, _) = fn(gd, pa, b)
+        return num / den
+
+    vg = jax.jit(jax.value_and_grad(value))
+    variants = {"full": full, "compact": compact}
+    row = dict(loss=loss, batch=a.batch, seq=int(full.tokens.shape[1]), trained=int(full.loss_mask[0].sum()),
+               dtype=a.dtype, device=str(jax.devices()[0].device_kind))
+    for k, b in variants.items():
+        row[f"{k}_temp_mib"] = vg.lower(params, b).compile().memory_analysis().temp_size_in_bytes / 2**20
+    vals = {k: float(jax.block_until_ready(vg(params, b))[0]) for k, b in variants.items()}  # compile + warm
+    row["loss_rel_diff"] = abs(vals["compact"] - vals["full"]) / max(abs(vals["full"]), 1e-12)
+    times = {k: [] for k in variants}
+    for _ in range(a.reps):
+        for k, b in variants.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(vg(params, b))
+            times[k].append(time.perf_counter() - t0)
+    r = sorted(f / c for f, c in zip(times["full"], times["compact"]))
+    row.update({f"{k}_s": statistics.median(v) for k, v in times.items()},
+               full_over_compact=[r[0], statistics.median(r), r[-1]])
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser()
+    p.add_argument("--loss", default="extractor", help="comma list of extractor, actor")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--prompt-len", type=int, default=256, help="prompt (extractor) / observation tokens (actor)")
+    p.add_argument("--reply-len", type=int, default=128, help="the response (extractor) / each reply (actor)")
+    p.add_argument("--turns", type=int, default=8, help="actor: replies per conversation")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    if a.smoke:
+        cfg = tr.tiny_config(512, hidden_size=32, intermediate_size=64, num_layers=2)
+        a.loss, a.batch, a.prompt_len, a.reply_len, a.turns, a.reps = "extractor,actor", 2, 24, 4, 2, 1
+    else:
+        from crl_jax.models.presets import preset_config
+
+        cfg = preset_config("smollm2-135m", param_dtype=a.dtype)
+    rows = [measure(loss, cfg, a) for loss in a.loss.split(",")]
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
