@@ -59,8 +59,8 @@ def device_events(trace_dir: str) -> list[dict]:
 
 def summarize(events: list[dict], wall_s: float, steps: int, top: int, hlo_text: str = "") -> dict:
     """Events summed by name (kernel names) and by the HLO instruction each kernel runs (`args.hlo_op`, where the
-    trace has it); each top HLO op carries its instruction line and, for a fusion, its fused computation's root
-    (from the compiled module's text `hlo_text`), so a kernel can be read as what it computes."""
+    trace has it: not inside command buffers, CUDA graphs, where it names the buffer); each top kernel and op
+    carries what it computes (`hlo_line` over the compiled module's text `hlo_text`)."""
     by = collections.defaultdict(lambda: [0.0, 0])
     by_op = collections.defaultdict(lambda: [0.0, 0, ""])
     for e in events:
@@ -76,25 +76,35 @@ def summarize(events: list[dict], wall_s: float, steps: int, top: int, hlo_text:
     ops = sorted(by_op.items(), key=lambda kv: -kv[1][0])[:top]
     return dict(wall_s=wall_s, device_busy_s=busy, idle_share=max(0.0, 1 - busy / wall_s) if wall_s else None,
                 events=len(events), events_per_step=len(events) / steps,
-                top=[dict(name=k[:120], seconds=v[0], count=v[1], share=v[0] / busy if busy else 0.0) for k, v in rows],
+                top=[dict(name=k[:120], seconds=v[0], count=v[1], share=v[0] / busy if busy else 0.0,
+                          hlo=hlo_line(hlo_text, k)) for k, v in rows],
                 top_ops=[dict(op=k, kernel=v[2][:80], seconds=v[0], count=v[1], share=v[0] / busy if busy else 0.0,
                               hlo=hlo_line(hlo_text, k)) for k, v in ops])
 
 
-def hlo_line(text: str, op: str, width: int = 400) -> str:
-    """The instruction `op` of HLO module text (its line, shortened), and for a fusion the ROOT line of the
-    computation it calls: enough to tell a cache copy from a matmul."""
-    m = re.search(r"^\s*(?:ROOT\s+)?%?" + re.escape(op) + r" = (.*)$", text, re.M)
+def hlo_line(text: str, op: str) -> str:
+    """What the instruction `op` of HLO module text computes, in one line: its result and opcode, the JAX
+    operation it came from (`op_name` metadata) and, for a fusion, the ROOT of the computation it calls (enough
+    to tell a cache copy from a matmul). A kernel named like `input_reduce_fusion_58` (the GPU's names) is looked
+    up as `input_reduce_fusion.58` when there is no instruction of its own name. "" when not found."""
+    m = None
+    for name in (op, re.sub(r"_(\d+)$", r".\1", op)):
+        m = re.search(r"^\s*(?:ROOT\s+)?%?" + re.escape(name) + r" = (.*)$", text, re.M)
+        if m:
+            break
     if not m:
         return ""
     line = m.group(1)
-    out = line[:width]
+    out = line.split("(", 1)[0]
+    src = re.search(r'op_name="([^"]*)"', line)
+    if src:
+        out += " @" + src.group(1)[-100:]
     c = re.search(r"calls=%?([\w.-]+)", line)
     if c:
         body = re.search(r"^%?" + re.escape(c.group(1)) + r" .*?\{(.*?)^\}", text, re.M | re.S)
         root = re.search(r"ROOT\s+(.*)$", body.group(1), re.M) if body else None
         if root:
-            out += "  || ROOT " + root.group(1)[:width]
+            out += " || ROOT " + root.group(1).split("(", 1)[0][:150]
     return out
 
 
@@ -170,7 +180,8 @@ def main(argv=None) -> list[dict]:
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if k not in ("top", "top_ops")}), flush=True)
             for t in r.get("top", []):
-                print(f"   {t['share']:6.1%} {t['seconds'] * 1e3:9.3f} ms x{t['count']:<5d} {t['name']}", flush=True)
+                print(f"   {t['share']:6.1%} {t['seconds'] * 1e3:9.3f} ms x{t['count']:<5d} {t['name']}"
+                      f"\n        {t['hlo'][:300]}", flush=True)
             for t in r.get("top_ops", []):
                 print(f"   op {t['share']:6.1%} {t['seconds'] * 1e3:9.3f} ms x{t['count']:<5d} {t['op']} [{t['kernel']}]"
                       f"\n        {t['hlo'][:300]}", flush=True)
