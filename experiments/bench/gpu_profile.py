@@ -26,7 +26,6 @@ import time
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 
 from crl_jax import sampling as S
 from crl_jax.learner import train_state as ts
@@ -108,11 +107,12 @@ def hlo_line(text: str, op: str) -> str:
     return out
 
 
-def profiled(jitted, args: tuple, steps: int, top: int, dump: str | None = None) -> dict:
-    """Compile `jitted` for `args` once, run it to warm up, then once under the profiler."""
+def profiled(jitted, args: tuple, steps: int, top: int, dump: str | None = None, static: tuple = ()) -> dict:
+    """Compile `jitted` for `args` once (`static`: the positions of its static arguments, which the compiled
+    program no longer takes), run it to warm up, then once under the profiler."""
     compiled = jitted.lower(*args).compile()
     text = compiled.as_text()
-    dyn = tuple(a for a in args if not isinstance(a, (S.SamplerConfig, nnx.GraphDef)))
+    dyn = tuple(a for i, a in enumerate(args) if i not in static)
     fn = lambda: compiled(*dyn)  # noqa: E731
     jax.block_until_ready(fn())  # warm up outside the trace
     if dump:
@@ -136,9 +136,10 @@ def decode_case(B: int, smoke: bool, top: int, dump_dir: str | None = None) -> d
     prompt = jax.random.randint(jax.random.key(1), (B, P), 1, cfg.vocab_size)
     plen = jnp.full((B,), P, jnp.int32)
     sc = S.SamplerConfig(max_new_tokens=N, temperature=1.0)
-    fn = jax.jit(S.sample_tokens, static_argnums=(0, 5))
+    static = (0, 5)  # graphdef, SamplerConfig
+    fn = jax.jit(S.sample_tokens, static_argnums=static)
     out = profiled(fn, (gd, pa, prompt, plen, jax.random.key(2), sc), N, top,
-                   dump_dir and os.path.join(dump_dir, f"hlo_decode_b{B}.txt.gz"))
+                   dump_dir and os.path.join(dump_dir, f"hlo_decode_b{B}.txt.gz"), static=static)
     return dict(what="decode", batch=B, P=P, N=N, plan=S.decode_plan(sc, P + N, cfg.num_layers), **out)
 
 
