@@ -21,7 +21,8 @@ a GPU, by default, one block: see `decode_plan`). Models with at most `unroll_la
 as straight-line code over weights sliced once before the loop (a layer scan inside the loop would copy every
 layer's weights at every step), with the q/k/v and gate/up projections fused into one matmul each (fewer,
 larger ops: a batch-1 step is mostly per-op cost), and over one KV buffer per layer (`transformer.split_cache`;
-reading a layer out of the stacked cache is a copy per layer and step), stacked again after the loop.
+reading a layer out of the stacked cache is a copy per layer and step), stacked again after the loop. With
+`decode_kernel="pallas"` a batch-1 decode step is three Pallas kernels per layer (`models.fused_decode`).
 
 Sampling order (per step, per row): allowed-token mask -> temperature -> top-k -> top-p (nucleus) ->
 categorical (by inverse CDF of one uniform per row, `categorical_inverse_cdf`). The returned log-prob is that
@@ -44,6 +45,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from crl_jax.models import fused_decode as fd
 from crl_jax.models import transformer as tr
 from crl_jax.models.logprobs import chunked_logprobs
 
@@ -66,6 +68,9 @@ class SamplerConfig:
     #                         -1 = by backend (`decode_plan`): 8 on CPU / TPU, every layer on GPU
     first_mix: float = 0.0  # exploration of the FIRST token: sample it from (1 - m) * p + m * uniform(allowed);
     #                         its log-prob is the mixture's (the behaviour policy). 0 = off
+    decode_kernel: str = "xla"  # batch-1 decode steps: "xla" | "pallas" (three Pallas / Triton kernels per layer,
+    #                             CUDA GPUs: models.fused_decode) | "pallas_interpret" (the same kernels in Pallas'
+    #                             interpreter, any backend: tests); batches > 1 and the prefill always run "xla"
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -82,6 +87,8 @@ class SamplerConfig:
             raise ValueError(f"unroll_layers must be >= 0 (or -1: by backend), got {self.unroll_layers}")
         if not 0.0 <= self.first_mix < 1.0:
             raise ValueError(f"first_mix must be in [0, 1), got {self.first_mix}")
+        if self.decode_kernel not in fd.KERNELS:
+            raise ValueError(f"decode_kernel must be one of {fd.KERNELS}, got {self.decode_kernel!r}")
         object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
 
 
@@ -264,6 +271,8 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
     pos = pos + start[:, None]
     layers = None
     block, straight = decode_plan(cfg, S, model.cfg.num_layers)
+    fused = fd.wanted(cfg.decode_kernel, model.cfg, B, S)
+    straight = straight or fused  # the kernels take the per-layer weights and cache buffers
     if straight:
         # Sliced (and fused) once, here; the barrier keeps XLA from sinking the slices back into the decode loop,
         # where each would be a copy per step.
@@ -293,6 +302,10 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
             done = done | jnp.any(tok[:, None] == stops[None, :], axis=-1)
         # Feed the token at slot at + P + i; its position continues each row's own count.
         new_pos = (start + prompt_len + i)[:, None]
+        if fused:
+            logits, cache = fd.decode_step(model, layers, tok, new_pos[:, 0], cache, at + P + i,
+                                           interpret=cfg.decode_kernel == "pallas_interpret")
+            return i + 1, logits, cache, key, done, out_t, out_lp
         h, cache = model(tok[:, None], positions=new_pos, attention_mask=jnp.ones((B, 1), bool), cache=cache,
                          cache_index=at + P + i, return_hidden=True, attn_block=block, layers=layers)
         return i + 1, model.unembed(h)[:, 0], cache, key, done, out_t, out_lp
@@ -332,7 +345,7 @@ def _generate_jit(graphdef, params, prompt, prompt_len, key, cfg, allowed_tokens
 
 def generate(model, prompt_tokens, prompt_lengths, key, *, max_new_tokens, temperature=1.0, top_p=1.0,
              top_k=0, stop_tokens=(), allowed_tokens=None, pad_id=0,
-             unroll_layers=SamplerConfig.unroll_layers):
+             unroll_layers=SamplerConfig.unroll_layers, decode_kernel=SamplerConfig.decode_kernel):
     """Sample N = max_new_tokens tokens after each prompt. See the module docstring.
 
     model: a Transformer or its (graphdef, params) split. prompt_tokens [B, P] int right-padded,
@@ -342,7 +355,7 @@ def generate(model, prompt_tokens, prompt_lengths, key, *, max_new_tokens, tempe
     graphdef, params = _split_model(model)
     cfg = SamplerConfig(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
                         top_k=int(top_k), stop_tokens=tuple(stop_tokens), pad_id=int(pad_id),
-                        unroll_layers=int(unroll_layers))
+                        unroll_layers=int(unroll_layers), decode_kernel=str(decode_kernel))
     prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
     prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
     if allowed_tokens is not None:

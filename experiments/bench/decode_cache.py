@@ -16,7 +16,9 @@ Variants (same weights, prompts and key, greedy, no stop token so every step run
   layer's weights at every step (`sampling.decode_plan`);
 - `unrolled_reduce`: `inplace_unrolled` with the one-query decode attention as multiply-and-reduce fusions
   (`attend_reduce` below) instead of two batched matmuls with M = the query group (3 at SmolLM2 shape), which
-  may make XLA transpose the cache into the matmul's layout at every step (a candidate, not in the library).
+  may make XLA transpose the cache into the matmul's layout at every step (a candidate, not in the library);
+- `pallas`: `inplace_unrolled` with `decode_kernel="pallas"`, three fused Pallas (Triton) kernels per layer
+  (`models.fused_decode`; batch 1 only, so it runs at B 1 only; off a GPU in Pallas' interpreter, slow).
 `--variants` picks a subset (`old` always runs: it is the reference of every ratio).
 Each repeat runs every variant once (interleaved, so load changes hit all alike); printed: median ms per
 generate call, decode tok/s, and the per-repeat ratio old / variant as min / median / max.
@@ -63,6 +65,7 @@ def attend_reduce(q, kc, vc, layer, valid, cache_index, num_kv_heads: int, block
 
 
 ATTEND_LIVE = tr.attend_live
+FUSED = "pallas" if jax.default_backend() == "gpu" else "pallas_interpret"  # the kernels' interpreter off a GPU
 
 
 def sample_reduce(*args):
@@ -117,8 +120,10 @@ def run(model: str, batches, P: int, N: int, block: int, reps: int, dtype: str,
                                          S.SamplerConfig(**base, attn_block=block, **unroll)),
             "unrolled_reduce": lambda: red(gd, pa, prompt, plen, key,
                                            S.SamplerConfig(**base, attn_block=P + N, **unroll)),
+            "pallas": lambda: new(gd, pa, prompt, plen, key,
+                                  S.SamplerConfig(**base, attn_block=P + N, **unroll, decode_kernel=FUSED)),
         }
-        variants = {k: f for k, f in every.items() if k == "old" or k in names}
+        variants = {k: f for k, f in every.items() if k == "old" or (k in names and (k != "pallas" or B == 1))}
         outs = {k: jax.block_until_ready(f()) for k, f in variants.items()}  # compile + warm
         same = all(bool((outs[k][0] == outs["old"][0]).all()) for k in outs)
         times = {k: [] for k in variants}
@@ -162,7 +167,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--variants", default="old,inplace,live",
-                   help="comma list of old, inplace, live, inplace_unrolled, live_unrolled, unrolled_reduce")
+                   help="comma list of old, inplace, live, inplace_unrolled, live_unrolled, unrolled_reduce, pallas")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)

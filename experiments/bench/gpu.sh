@@ -12,8 +12,9 @@
 # and log tail, and the script goes on; the benchmarks print each row as it is measured, so a step cut short
 # still leaves its finished rows in its log tail):
 #   gpu_checks     correctness of the backend-dependent paths: cuDNN attention vs einsum (logits, gradients),
-#                  the GPU decode plan vs the CPU one (same greedy tokens)
+#                  the GPU decode plan vs the CPU one (same greedy tokens), the fused decode kernels vs XLA's step
 #   sampler        SmolLM2-135M shape (random weights), bf16, decode at batch 256 and batch-1 step time
+#   sampler_pallas the same batch-1 step with the fused Pallas / Triton decode kernels (models/fused_decode.py)
 #   train_mfu      Qwen2.5-0.5B shape training step MFU: vocabulary-tiled vs full-logits log-probs, and the tiled
 #                  one with cuDNN flash attention (attn_impl="cudnn"), with and without its causal tile skipping
 #   iteration      CRL vs GRPO iteration of the embedded default, and 8 vmapped seeds vs 1 (sweep.vmapped_chunk);
@@ -91,6 +92,8 @@ if [ "$LLM_ONLY" = 1 ]; then
 elif [ "$SMOKE" = 1 ]; then  # generous limits: they only catch hangs (a loaded 2-core CI runner is slow)
   step gpu_checks 150 gpu_checks.py --smoke
   step sampler 150 sampler.py --model tiny --batches 2 --prompt-len 8 --new-tokens 4 --reps 1
+  step sampler_pallas 150 sampler.py --model tiny --batches 1 --prompt-len 8 --new-tokens 4 --reps 1 \
+    --decode-kernel pallas_interpret
   step decode_cache 150 decode_cache.py --smoke
   step train_mfu 150 train_mfu.py --smoke --variants chunked,full
   step logprob_memory 150 logprob_memory.py --smoke --time 1
@@ -105,11 +108,13 @@ else
   step gpu_checks 60 gpu_checks.py
   step sampler 90 sampler.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
     --dtype bfloat16 --reps 3
+  step sampler_pallas 75 sampler.py --model smollm2-shape --batches 1 --prompt-len 128 --new-tokens 128 \
+    --dtype bfloat16 --reps 3 --decode-kernel pallas
   step train_mfu 130 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 \
     --variants chunked,full,cudnn,cudnn_fullmask
   step iteration 200 iteration.py --steps 3 --seeds 8 --reps 2 --warmup 6  # warmed up: the extractor trains
   step decode_cache 110 decode_cache.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
-    --block 128 --dtype bfloat16 --reps 3 --variants old,inplace,live,inplace_unrolled,live_unrolled,unrolled_reduce
+    --block 128 --dtype bfloat16 --reps 3 --variants old,inplace,live,inplace_unrolled,live_unrolled,unrolled_reduce,pallas
   step logprob_memory 40 logprob_memory.py --batch 8 --seq 1024 --hidden 576 --vocab 49152 --dtype bfloat16 \
     --time 3 --model
   step llm_head 90 llm_head.py --loss extractor,actor --batch 8 --prompt-len 768 --reply-len 16 --turns 8 \

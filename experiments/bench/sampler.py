@@ -10,6 +10,7 @@ Prefill: one jitted forward of B prompts of P tokens into a fresh KV cache (what
 first) -> B*P / time. Generate: the full jitted `generate` (prefill + N decode steps, temperature 1,
 no stop tokens so every step runs) -> decode tokens/s = B*(N-1) / (time(N tokens) - time(1 token)).
 Times are medians over --reps runs after one compile/warm-up run; compile time is reported separately.
+`--decode-kernel pallas` runs batch-1 decode steps as the fused Pallas kernels (`models.fused_decode`).
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def timed(fn, reps: int) -> tuple[float, float]:
     return first, statistics.median(times)
 
 
-def bench_one(gd, pa, B: int, P: int, N: int, reps: int, unroll: int = S.SamplerConfig.unroll_layers) -> dict:
+def bench_one(gd, pa, B: int, P: int, N: int, reps: int, unroll: int = S.SamplerConfig.unroll_layers,
+              decode_kernel: str = "xla") -> dict:
     cfg = tr.merge(gd, pa).cfg
     key = jax.random.key(B)
     prompt = jax.random.randint(key, (B, P), 0, cfg.vocab_size, jnp.int32)
@@ -96,7 +98,7 @@ def bench_one(gd, pa, B: int, P: int, N: int, reps: int, unroll: int = S.Sampler
 
     def gen(n):
         return lambda: S.generate((gd, pa), prompt, plen, jax.random.key(1), max_new_tokens=n, temperature=1.0,
-                                  unroll_layers=unroll)
+                                  unroll_layers=unroll, decode_kernel=decode_kernel)
 
     c_pre, t_pre = timed(lambda: prefill(pa, prompt), reps)
     c_gen, t_gen = timed(gen(N), reps)
@@ -104,7 +106,8 @@ def bench_one(gd, pa, B: int, P: int, N: int, reps: int, unroll: int = S.Sampler
     t_dec = t_gen - t_one
     dec = B * (N - 1) / t_dec if t_dec > 0 else float("nan")  # nan: decode time lost in timing noise
     block, straight = S.decode_plan(S.SamplerConfig(max_new_tokens=N, unroll_layers=unroll), P + N, cfg.num_layers)
-    return dict(batch=B, unroll_layers=unroll, layers_unrolled=straight, attn_block=block, prompt_len=P,
+    return dict(batch=B, unroll_layers=unroll, layers_unrolled=straight or decode_kernel != "xla", attn_block=block,
+                decode_kernel=decode_kernel if B == 1 else "xla", prompt_len=P,
                 new_tokens=N, prefill_s=t_pre, generate_s=t_gen,
                 prefill_tok_s=B * P / t_pre, decode_tok_s=dec, decode_step_ms=1e3 * t_dec / (N - 1),
                 compile_s=max(0.0, (c_pre - t_pre) + (c_gen - t_gen)))  # noise can make it < 0
@@ -144,6 +147,8 @@ def main(argv=None) -> int:
     ap.add_argument("--unroll-layers", default=str(S.SamplerConfig.unroll_layers),
                     help="comma list of SamplerConfig.unroll_layers values (models with at most this many layers "
                          "decode with straight-line layers; default: the library's)")
+    ap.add_argument("--decode-kernel", default="xla", choices=["xla", "pallas", "pallas_interpret"],
+                    help="SamplerConfig.decode_kernel (batch-1 decode steps; pallas: Triton kernels, CUDA GPUs)")
     ap.add_argument("--quick", action="store_true", help="batches <= 8; P=16; N=8; 2 reps")
     ap.add_argument("--json", metavar="OUT", help="write the rows as JSON")
     ap.add_argument("--results", metavar="MD", help="append the table to this markdown file")
@@ -169,8 +174,9 @@ def main(argv=None) -> int:
         gd, pa, label = loaded
         for unroll in [int(u) for u in a.unroll_layers.split(",")]:
             for B in batches:
-                r = bench_one(gd, pa, B, P, N, reps, unroll)
-                r.update(model=label + (" (layers unrolled)" if r["layers_unrolled"] else ""), dtype=a.dtype)
+                r = bench_one(gd, pa, B, P, N, reps, unroll, a.decode_kernel)
+                r.update(model=label + (" (layers unrolled)" if r["layers_unrolled"] else "")
+                         + (f" ({r['decode_kernel']} kernels)" if r["decode_kernel"] != "xla" else ""), dtype=a.dtype)
                 rows.append(r)
                 print(f"{r['model']} B={B}: prefill {r['prefill_tok_s']:,.0f} tok/s, decode {r['decode_tok_s']:,.0f} "
                       f"tok/s, {r['decode_step_ms']:.3f} ms/step", flush=True)

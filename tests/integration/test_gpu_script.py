@@ -19,13 +19,16 @@ def test_gpu_script_smoke(tmp_path):
     out = json.loads(res.read_text())
     steps = out["steps"]
     assert out["smoke"] is True
-    assert set(steps) == {"gpu_checks", "sampler", "decode_cache", "train_mfu", "logprob_memory", "iteration", "decode_hlo",
-                          "gpu_profile", "llm_head"}
+    assert set(steps) == {"gpu_checks", "sampler", "sampler_pallas", "decode_cache", "train_mfu", "logprob_memory",
+                          "iteration", "decode_hlo", "gpu_profile", "llm_head"}
     assert all(s["rc"] == 0 for s in steps.values()), {k: s["rc"] for k, s in steps.items()}
     # (decode tok/s is a difference of two timings, nan when noise wins at smoke sizes: not checked)
     assert steps["sampler"]["result"]["rows"][0]["generate_s"] > 0
     # the "xla" attention equals "einsum"; the backend's decode plan gives the CPU plan's greedy tokens
     assert steps["gpu_checks"]["result"]["attention"]["ok"] and steps["gpu_checks"]["result"]["decode_plan"]["ok"]
+    # the fused decode kernels (Pallas' interpreter here) give XLA's greedy tokens, and run in the sampler bench
+    assert steps["gpu_checks"]["result"]["fused_decode"]["ok"]
+    assert steps["sampler_pallas"]["result"]["rows"][0]["decode_kernel"] == "pallas_interpret"
     # the library's sampler gives the old sampler's greedy tokens (in-place cache and live-length blocks)
     assert all(r["same_tokens"] for r in steps["decode_cache"]["result"])
     # vocabulary-tiled and full-logits training steps reach the same loss from the same start

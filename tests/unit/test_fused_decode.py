@@ -1,0 +1,126 @@
+"""The fused batch-1 decode step (`models.fused_decode`, issue #16): its Pallas kernels, run in Pallas'
+interpreter on the CPU, against the XLA decode step (logits, the written cache slots) and through the sampler
+(the same greedy tokens); and the kernels lowered for a CUDA GPU (Triton) from the CPU, which catches the
+shapes and operations Triton would refuse before a GPU ever sees them."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from crl_jax import sampling as S
+from crl_jax.models import fused_decode as fd
+from crl_jax.models import transformer as tr
+
+
+def _model(seed=0, **kw):
+    """A small model the kernels take (hidden 128 = 2 chunks, 4 q / 2 kv heads of 32, 3 MLP programs, 2 vocab
+    programs) with every weight random, norms and biases included (their init is ones / zeros)."""
+    base = dict(vocab_size=256, hidden_size=128, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
+                head_dim=32, max_position_embeddings=256)
+    base.update(kw)
+    gd, state = tr.split(nnx.eval_shape(lambda: tr.create(tr.TransformerConfig(**base), jax.random.key(0))))
+    rng = np.random.default_rng(seed)
+    pure = {k: ((1.0 if "norm" in str(k) else 0.0) + 0.1 * rng.standard_normal(v.shape)).astype(np.float32)
+            for k, v in nnx.to_pure_dict(state).items()}
+    nnx.replace_by_pure_dict(state, {k: jnp.asarray(v).astype(base.get("param_dtype", "float32"))
+                                     for k, v in pure.items()})
+    return tr.merge(gd, state)
+
+
+def _prefilled(model, S_cap, P=21, pad=3):
+    """A per-layer cache holding a left-padded prompt (slots 0 .. pad-1 invalid), ready for slot P."""
+    cache = tr.init_cache(model.cfg, 1, S_cap)
+    toks = jax.random.randint(jax.random.key(1), (1, P), 0, model.cfg.vocab_size)
+    valid = jnp.arange(P)[None] >= pad
+    pos = jnp.maximum(jnp.arange(P)[None] - pad, 0)
+    layers = model.layer_list(fused=True)
+    _, cache = model(toks, positions=pos, attention_mask=valid, cache=cache, cache_index=0, return_hidden=True,
+                     layers=layers)
+    return layers, tr.split_cache(cache), P, P - pad
+
+
+@pytest.mark.parametrize("kw,S_cap", [
+    ({}, 40),  # 32-slot attention blocks, the last one clamped to end at slot 40
+    ({"attention_bias": True}, 100),  # 64-slot blocks, clamped
+    ({"qk_norm": True, "tie_embeddings": False}, 64),
+    ({"num_kv_heads": 4}, 48),  # no grouping
+])
+def test_decode_step_equals_the_xla_step(kw, S_cap):
+    model = _model(**kw)
+    layers, cache, slot, pos = _prefilled(model, S_cap)
+    tok, p = jnp.array([7]), jnp.array([pos])
+    h, ref = model(tok[:, None], positions=p[:, None], attention_mask=jnp.ones((1, 1), bool), cache=cache,
+                   cache_index=slot, return_hidden=True, layers=layers)
+    want = model.unembed(h)[:, 0]
+    got, new = fd.decode_step(model, layers, tok, p, cache, slot, interpret=True)
+    assert got.shape == want.shape == (1, model.cfg.vocab_size) and got.dtype == jnp.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
+    np.testing.assert_array_equal(new["valid"], ref["valid"])
+    for name in ("k", "v"):
+        for a, b in zip(new[name], ref[name]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        assert float(jnp.abs(new[name][0][0, slot]).max()) > 0  # the new slot was written
+
+
+def test_decode_step_bf16_is_close_to_the_xla_step():
+    """bf16: the roundings differ slightly (the normalised input of a projection is not rounded; see the
+    module docstring), so the logits agree to bf16 precision, not bitwise."""
+    model = _model(param_dtype="bfloat16")
+    layers, cache, slot, pos = _prefilled(model, 64)
+    tok, p = jnp.array([11]), jnp.array([pos])
+    h, _ = model(tok[:, None], positions=p[:, None], attention_mask=jnp.ones((1, 1), bool), cache=cache,
+                 cache_index=slot, return_hidden=True, layers=layers)
+    want = model.unembed(h)[:, 0]
+    got, new = fd.decode_step(model, layers, tok, p, cache, slot, interpret=True)
+    assert new["k"][0].dtype == jnp.bfloat16
+    rel = float(jnp.abs(got - want).max() / jnp.abs(want).max())
+    assert rel < 3e-2, rel
+
+
+def test_sampler_with_the_kernels_gives_the_same_greedy_tokens():
+    model = _model(seed=3)
+    gd, params = tr.split(model)
+    prompt = jnp.array([[5, 9, 200, 31, 0, 0]])
+    length = jnp.array([4])
+    out = {k: S.generate((gd, params), prompt, length, jax.random.key(2), max_new_tokens=12, temperature=0.0,
+                         decode_kernel=k) for k in ("xla", "pallas_interpret")}
+    np.testing.assert_array_equal(out["pallas_interpret"][0], out["xla"][0])
+    np.testing.assert_allclose(out["pallas_interpret"][1], out["xla"][1], atol=1e-4)
+    np.testing.assert_array_equal(out["pallas_interpret"][2], out["xla"][2])
+
+
+def test_batches_above_one_keep_the_xla_path_and_bad_shapes_are_errors():
+    cfg = _model().cfg
+    assert fd.wanted("pallas_interpret", cfg, 1, 64) and not fd.wanted("pallas_interpret", cfg, 4, 64)
+    assert not fd.wanted("xla", cfg, 1, 64)
+    with pytest.raises(ValueError, match="vocab_size 250 is not a multiple of 128"):
+        fd.wanted("pallas_interpret", cfg.replace(vocab_size=250), 1, 64)
+    with pytest.raises(ValueError, match="head dim 24"):
+        fd.wanted("pallas_interpret", cfg.replace(head_dim=24), 1, 64)
+    if jax.default_backend() != "gpu":
+        with pytest.raises(ValueError, match="CUDA GPU"):
+            fd.wanted("pallas", cfg, 1, 64)
+    with pytest.raises(ValueError, match="decode_kernel must be one of"):
+        S.SamplerConfig(max_new_tokens=4, decode_kernel="triton")
+
+
+def test_the_kernels_lower_for_cuda_with_triton():
+    """SmolLM2-135M's shapes (H 576, 9 / 3 heads of 64, I 1536, V 49,152), bf16, 2 layers, with q/k/v biases and
+    q/k norms: every kernel lowers to a Triton call (power-of-two blocks, supported operations)."""
+    cfg = tr.TransformerConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=2, num_heads=9,
+                               num_kv_heads=3, param_dtype="bfloat16", attention_bias=True, qk_norm=True)
+    gd, params = tr.split(nnx.eval_shape(lambda: tr.create(cfg, jax.random.key(0))))
+    cache = jax.eval_shape(lambda: tr.split_cache(tr.init_cache(cfg, 1, 256)))
+
+    def step(params, tok, pos, cache, idx):
+        m = tr.merge(gd, params)
+        return fd.decode_step(m, m.layer_list(fused=True), tok, pos, cache, idx)
+
+    args = (params, jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32), cache,
+            jax.ShapeDtypeStruct((), jnp.int32))
+    text = jax.jit(step).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("xla.gpu.triton") == 3 * cfg.num_layers + 1
+    for name in ("decode_qkv", "decode_attn", "decode_mlp", "decode_head"):
+        assert name in text
