@@ -20,8 +20,10 @@ weights once:
 Partials instead of a reduction kernel: the next kernel adds them up in a fixed order while it reads its input
 (so the result is deterministic, unlike atomics), and RMSNorm is folded into each matvec (the sum of squares is
 accumulated in the same pass, the product scaled by 1/rms at the end), so no kernel needs a grid-wide barrier.
-`_head_kernel` does the final norm and the vocabulary head the same way (one program per `VOCAB_COLS` tokens).
-With the embedding lookup and the sampling in XLA, a step is about 3L + 10 kernels instead of ~19L.
+`_head_kernel` does the final norm and the vocabulary head (one program per `VOCAB_COLS` tokens) on the last
+layer's output, summed by XLA. With that sum, the embedding lookup and the sampling in XLA, a step is about
+3L + 10 kernels instead of ~19L. The loops over the hidden size are unrolled (static Python loops): every
+chunk's loads are independent, so a program can have them all in flight.
 
 Numerics follow `Transformer._cached_layer` (float32 accumulation, the model dtype's roundings after each
 projection, float32 softmax), except that the normalised input of a projection is not rounded to the model
@@ -131,21 +133,18 @@ def _qkv_kernel(*refs, H, D, Nq, Nkv, n_parts, eps, bias, qk_norm, dtype):
     j = pl.program_id(0)
     h2 = D // 2
 
-    def body(c, carry):
-        ss, a1, a2 = carry
+    ss, a1, a2 = 0.0, jnp.zeros((h2,), f32), jnp.zeros((h2,), f32)
+    for c in range(H // CH):  # unrolled: every chunk's loads are independent, so they can all be in flight
         xc = _residual_chunk(base_ref, parts_ref, n_parts, c, dtype)
 
         @pl.when(j == 0)
         def _():
             x_ref[pl.ds(c * CH, CH)] = xc.astype(x_ref.dtype)
 
-        xw = xc * wn_ref[pl.ds(c * CH, CH)].astype(f32)
-        w1 = w_ref[pl.ds(c * CH, CH), pl.ds(j * D, h2)].astype(f32)
-        w2 = w_ref[pl.ds(c * CH, CH), pl.ds(j * D + h2, h2)].astype(f32)
-        return ss + jnp.sum(xc * xc), a1 + jnp.sum(xw[:, None] * w1, axis=0), a2 + jnp.sum(xw[:, None] * w2, axis=0)
-
-    zero = jnp.zeros((h2,), f32)
-    ss, a1, a2 = jax.lax.fori_loop(0, H // CH, body, (jnp.float32(0.0), zero, zero))
+        xw = (xc * wn_ref[pl.ds(c * CH, CH)].astype(f32))[:, None]
+        ss = ss + jnp.sum(xc * xc)
+        a1 = a1 + jnp.sum(xw * w_ref[pl.ds(c * CH, CH), pl.ds(j * D, h2)].astype(f32), axis=0)
+        a2 = a2 + jnp.sum(xw * w_ref[pl.ds(c * CH, CH), pl.ds(j * D + h2, h2)].astype(f32), axis=0)
     inv = jax.lax.rsqrt(ss / H + eps)
     y1, y2 = _round(a1 * inv, dtype), _round(a2 * inv, dtype)
     if bias:
@@ -205,20 +204,17 @@ def _attn_kernel(idx_ref, valid_ref, q_ref, kc_ref, vc_ref, wo_ref, parts_ref, *
     _, l, acc = jax.lax.fori_loop(0, (idx + c) // c, block, init)  # the blocks holding slots 0 .. idx
     o = _round(acc / jnp.where(l > 0, l, 1.0), dtype)
 
-    def project(c2, carry):  # this head's rows of the output projection, CH columns at a time
-        w = wo_ref[pl.ds(n * D, D), pl.ds(c2 * CH, CH)].astype(f32)
-        parts_ref[n, pl.ds(c2 * CH, CH)] = jnp.sum(o[:, None] * w, axis=0)
-        return carry
-
-    jax.lax.fori_loop(0, H // CH, project, 0)
+    for c in range(H // CH):  # this head's rows of the output projection, CH columns at a time
+        w = wo_ref[pl.ds(n * D, D), pl.ds(c * CH, CH)].astype(f32)
+        parts_ref[n, pl.ds(c * CH, CH)] = jnp.sum(o[:, None] * w, axis=0)
 
 
 def _mlp_kernel(base_ref, parts_ref, wn_ref, wgu_ref, wd_ref, h_ref, out_ref, *, H, I, n_parts, eps, dtype):
     p = pl.program_id(0)
     ci = MLP_COLS
 
-    def body(c, carry):
-        ss, g, u = carry
+    ss, g, u = 0.0, jnp.zeros((ci,), f32), jnp.zeros((ci,), f32)
+    for c in range(H // CH):
         xc = _residual_chunk(base_ref, parts_ref, n_parts, c, dtype)
 
         @pl.when(p == 0)
@@ -226,39 +222,32 @@ def _mlp_kernel(base_ref, parts_ref, wn_ref, wgu_ref, wd_ref, h_ref, out_ref, *,
             h_ref[pl.ds(c * CH, CH)] = xc.astype(h_ref.dtype)
 
         xw = (xc * wn_ref[pl.ds(c * CH, CH)].astype(f32))[:, None]
-        wg = wgu_ref[pl.ds(c * CH, CH), pl.ds(p * ci, ci)].astype(f32)
-        wu = wgu_ref[pl.ds(c * CH, CH), pl.ds(I + p * ci, ci)].astype(f32)
-        return ss + jnp.sum(xc * xc), g + jnp.sum(xw * wg, axis=0), u + jnp.sum(xw * wu, axis=0)
-
-    zero = jnp.zeros((ci,), f32)
-    ss, g, u = jax.lax.fori_loop(0, H // CH, body, (jnp.float32(0.0), zero, zero))
+        ss = ss + jnp.sum(xc * xc)
+        g = g + jnp.sum(xw * wgu_ref[pl.ds(c * CH, CH), pl.ds(p * ci, ci)].astype(f32), axis=0)
+        u = u + jnp.sum(xw * wgu_ref[pl.ds(c * CH, CH), pl.ds(I + p * ci, ci)].astype(f32), axis=0)
     inv = jax.lax.rsqrt(ss / H + eps)
     g, u = _round(g * inv, dtype), _round(u * inv, dtype)
     act = _round(_round(g / (1.0 + jnp.exp(-g)), dtype) * u, dtype)  # silu(g) * u
 
-    def project(c2, carry):
-        w = wd_ref[pl.ds(p * ci, ci), pl.ds(c2 * CH, CH)].astype(f32)
-        out_ref[p, pl.ds(c2 * CH, CH)] = jnp.sum(act[:, None] * w, axis=0)
-        return carry
-
-    jax.lax.fori_loop(0, H // CH, project, 0)
+    for c in range(H // CH):
+        w = wd_ref[pl.ds(p * ci, ci), pl.ds(c * CH, CH)].astype(f32)
+        out_ref[p, pl.ds(c * CH, CH)] = jnp.sum(act[:, None] * w, axis=0)
 
 
-def _head_kernel(base_ref, parts_ref, wn_ref, w_ref, out_ref, *, H, n_parts, eps, tied, dtype):
+def _head_kernel(x_ref, wn_ref, w_ref, out_ref, *, H, eps, tied):
+    """x [H]: the last layer's output, already summed (by XLA: 384 programs each adding up the MLP's partials
+    would read them 384 times)."""
     v = pl.program_id(0)
     cv = VOCAB_COLS
-
-    def body(c, carry):
-        ss, acc = carry
-        xc = _residual_chunk(base_ref, parts_ref, n_parts, c, dtype)
+    ss, acc = 0.0, jnp.zeros((cv,), f32)
+    for c in range(H // CH):
+        xc = x_ref[pl.ds(c * CH, CH)].astype(f32)
         xw = xc * wn_ref[pl.ds(c * CH, CH)].astype(f32)
+        ss = ss + jnp.sum(xc * xc)
         if tied:  # the embedding [V, H] as stored
-            part = jnp.sum(w_ref[pl.ds(v * cv, cv), pl.ds(c * CH, CH)].astype(f32) * xw[None, :], axis=1)
+            acc = acc + jnp.sum(w_ref[pl.ds(v * cv, cv), pl.ds(c * CH, CH)].astype(f32) * xw[None, :], axis=1)
         else:  # lm_head [H, V]
-            part = jnp.sum(xw[:, None] * w_ref[pl.ds(c * CH, CH), pl.ds(v * cv, cv)].astype(f32), axis=0)
-        return ss + jnp.sum(xc * xc), acc + part
-
-    ss, acc = jax.lax.fori_loop(0, H // CH, body, (jnp.float32(0.0), jnp.zeros((cv,), f32)))
+            acc = acc + jnp.sum(xw[:, None] * w_ref[pl.ds(c * CH, CH), pl.ds(v * cv, cv)].astype(f32), axis=0)
     out_ref[pl.ds(v * cv, cv)] = acc * jax.lax.rsqrt(ss / H + eps)
 
 
@@ -312,10 +301,10 @@ def decode_step(model, layers, tok, position, cache: dict, cache_index, *, inter
         x, parts = _call(kern, (shape(H, dt=dtype), shape(_next_pow2(n_mlp), H)), (n_mlp,), interpret,
                          name="decode_mlp")(x, attn, lp["mlp_norm"], lp["w_gate_up"], lp["w_down"])
         n_parts = n_mlp
+    x = _round(x.astype(f32) + _round(parts[:n_parts].sum(0), dtype), dtype).astype(dtype)  # one XLA fusion
     tied = cfg.tie_embeddings
-    kern = functools.partial(_head_kernel, H=H, n_parts=n_parts, eps=eps, tied=tied, dtype=dtype)
+    kern = functools.partial(_head_kernel, H=H, eps=eps, tied=tied)
     w = model.embed[...] if tied else model.lm_head[...]
-    logits = _call(kern, shape(V), (V // VOCAB_COLS,), interpret, name="decode_head")(
-        x, parts, model.final_norm[...], w)
+    logits = _call(kern, shape(V), (V // VOCAB_COLS,), interpret, name="decode_head")(x, model.final_norm[...], w)
     return logits[None], dict(cache, k=ks, v=vs, valid=valid)
 

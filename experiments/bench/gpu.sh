@@ -25,7 +25,8 @@
 #   llm_head       the LLM path's actor and extractor losses at SmolLM2 shape: vocabulary head over every position
 #                  vs over the trained tokens only (llm_head.py)
 #   (--smoke also runs decode_hlo and gpu_profile at micro size; on the GPU they are explore steps)
-# --explore (after those, in the time left): explore_profile = kernel-by-kernel time of the SmolLM2-shape decode
+# --explore (after those, in the time left): explore_pallas_tiles = the fused batch-1 decode kernels' tile sizes and
+#   warps (sampler.py --fused-set); explore_profile = kernel-by-kernel time of the SmolLM2-shape decode
 #   (B 1, 256) and the Qwen-shape training step (gpu_profile.py: jax.profiler, Perfetto JSON summed by name);
 #   explore_decode_hlo = the cache-shaped copies / converts / updates
 #   in the compiled SmolLM2-shape decode at B 256 (decode_hlo.py: what a B 256 step moves besides the new slot);
@@ -48,7 +49,7 @@ for arg in "$@"; do
     --llm-only) LLM_ONLY=1 ;;
     --explore) EXPLORE=1 ;;
     --only=*) ONLY=",${arg#--only=}," ;;
-    -h|--help) sed -n 2,33p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,37p "$0"; exit 0 ;;
     *) RES="$arg" ;;
   esac
 done
@@ -120,6 +121,9 @@ else
   step llm_head 90 llm_head.py --loss extractor,actor --batch 8 --prompt-len 768 --reply-len 16 --turns 8 \
     --dtype bfloat16 --reps 3
   if [ "$EXPLORE" = 1 ]; then
+    step explore_pallas_tiles 120 sampler.py --model smollm2-shape --batches 1 --prompt-len 128 --new-tokens 128 \
+      --dtype bfloat16 --reps 3 --decode-kernel pallas \
+      --fused-set "MLP_COLS=64;NUM_WARPS=2;NUM_WARPS=8;NUM_STAGES=1;VOCAB_COLS=64,NUM_WARPS=2"
     step explore_profile 120 gpu_profile.py --dump-dir "$(dirname "$RES")"  # + the compiled HLO texts (gzip)
     step explore_decode_hlo 60 decode_hlo.py --model smollm2-shape --batch 256 --dtype bfloat16
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE \

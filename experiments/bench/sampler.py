@@ -68,6 +68,26 @@ def load(name: str, dtype: str):
     return gd, pa, f"SmolLM2-135M ({tr.num_params(pa) / 1e6:.0f}M params)"
 
 
+def set_fused_tiles(setting: str) -> None:
+    """'NAME=int,...' -> models/fused_decode.py's module constants (read when a step is traced, so the compiled
+    programs are dropped first); '' restores the library's values."""
+    from crl_jax.models import fused_decode as fd
+
+    defaults = set_fused_tiles.__dict__.setdefault("defaults", {k: getattr(fd, k) for k in FUSED_TILES})
+    values = dict(defaults)
+    for item in filter(None, setting.split(",")):
+        name, _, val = item.partition("=")
+        if name not in FUSED_TILES:
+            raise SystemExit(f"--fused-set: unknown constant {name!r} (one of {FUSED_TILES})")
+        values[name] = int(val)
+    for k, v in values.items():
+        setattr(fd, k, v)
+    jax.clear_caches()
+
+
+FUSED_TILES = ("CH", "MLP_COLS", "VOCAB_COLS", "SLOTS", "NUM_WARPS", "NUM_STAGES")
+
+
 def timed(fn, reps: int) -> tuple[float, float]:
     """(first-call seconds incl. compile, median steady-state seconds)."""
     t0 = time.perf_counter()
@@ -149,6 +169,9 @@ def main(argv=None) -> int:
                          "decode with straight-line layers; default: the library's)")
     ap.add_argument("--decode-kernel", default="xla", choices=["xla", "pallas", "pallas_interpret"],
                     help="SamplerConfig.decode_kernel (batch-1 decode steps; pallas: Triton kernels, CUDA GPUs)")
+    ap.add_argument("--fused-set", default="",
+                    help="with --decode-kernel pallas*: ';'-separated settings of models/fused_decode.py's tile "
+                         "constants, one row each, e.g. 'MLP_COLS=32;MLP_COLS=64,NUM_WARPS=8' (a tile sweep)")
     ap.add_argument("--quick", action="store_true", help="batches <= 8; P=16; N=8; 2 reps")
     ap.add_argument("--json", metavar="OUT", help="write the rows as JSON")
     ap.add_argument("--results", metavar="MD", help="append the table to this markdown file")
@@ -172,11 +195,13 @@ def main(argv=None) -> int:
         if loaded is None:
             continue
         gd, pa, label = loaded
-        for unroll in [int(u) for u in a.unroll_layers.split(",")]:
+        for unroll, setting in [(int(u), f) for u in a.unroll_layers.split(",") for f in a.fused_set.split(";")]:
+            set_fused_tiles(setting)
             for B in batches:
                 r = bench_one(gd, pa, B, P, N, reps, unroll, a.decode_kernel)
                 r.update(model=label + (" (layers unrolled)" if r["layers_unrolled"] else "")
-                         + (f" ({r['decode_kernel']} kernels)" if r["decode_kernel"] != "xla" else ""), dtype=a.dtype)
+                         + (f" ({r['decode_kernel']} kernels{', ' + setting if setting else ''})"
+                            if r["decode_kernel"] != "xla" else ""), dtype=a.dtype, fused_set=setting)
                 rows.append(r)
                 print(f"{r['model']} B={B}: prefill {r['prefill_tok_s']:,.0f} tok/s, decode {r['decode_tok_s']:,.0f} "
                       f"tok/s, {r['decode_step_ms']:.3f} ms/step", flush=True)
