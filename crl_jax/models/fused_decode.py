@@ -284,7 +284,7 @@ def decode_step(model, layers, tok, position, cache: dict, cache_index, *, inter
         bias = cfg.attention_bias
         ins = [idx, cs, x] + ([parts] if n_parts else []) + [lp["attn_norm"], lp["wqkv"]]
         if bias:
-            ins.append(jnp.concatenate([lp["bq"], lp["bk"], lp["bv"]]))
+            ins.append(lp["bqkv"])
         if cfg.qk_norm:
             ins += [lp["q_norm"], lp["k_norm"]]
         ins += [ks[i], vs[i]]

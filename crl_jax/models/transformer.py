@@ -117,14 +117,17 @@ class Transformer(nnx.Module):
         and passes the list as `layers=`: inside the loop a layer `scan` would slice (copy) every layer's weights
         again at every step (on the 2-core CPU a batch-1 sampler call of the 4-layer bench shape is x1.27 faster
         without those copies; experiments/bench/RESULTS.md). `fused`: q/k/v and gate/up concatenated into one
-        matrix each ("wqkv", "w_gate_up"; the layer code splits their products), two and one matmuls fewer per
-        layer, for another ~x1.1 at batch 1 (same weights copied once: the slicing is a copy anyway)."""
+        matrix each ("wqkv", "w_gate_up", and the biases "bqkv"; the layer code splits their products), two and one
+        matmuls fewer per layer, for another ~x1.1 at batch 1 (same weights copied once: the slicing is a copy
+        anyway)."""
         lps = self.layer_params()
         out = [{k: v[i] for k, v in lps.items()} for i in range(self.cfg.num_layers)]
         if fused:
             for d in out:
                 d["wqkv"] = jnp.concatenate([d.pop("wq"), d.pop("wk"), d.pop("wv")], axis=-1)
                 d["w_gate_up"] = jnp.concatenate([d.pop("w_gate"), d.pop("w_up")], axis=-1)
+                if self.cfg.attention_bias:
+                    d["bqkv"] = jnp.concatenate([d.pop("bq"), d.pop("bk"), d.pop("bv")], axis=-1)
         return out
 
     def __call__(self, tokens, *, positions=None, attention_mask=None, cache=None, cache_index=None,
@@ -308,13 +311,14 @@ class Transformer(nnx.Module):
         D = cfg.dim_head
         if "wqkv" in lp:
             nq, nkv = cfg.num_heads * D, cfg.num_kv_heads * D
-            q, k, v = jnp.split(jnp.einsum("bth,hf->btf", x, lp["wqkv"]), [nq, nq + nkv], axis=-1)
+            y = jnp.einsum("bth,hf->btf", x, lp["wqkv"])
+            q, k, v = jnp.split(y + lp["bqkv"] if cfg.attention_bias else y, [nq, nq + nkv], axis=-1)
         else:
             q = jnp.einsum("bth,hf->btf", x, lp["wq"])
             k = jnp.einsum("bth,hf->btf", x, lp["wk"])
             v = jnp.einsum("bth,hf->btf", x, lp["wv"])
-        if cfg.attention_bias:
-            q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+            if cfg.attention_bias:
+                q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
         q = q.reshape(B, T, cfg.num_heads, D)
         k = k.reshape(B, T, cfg.num_kv_heads, D)
         v = v.reshape(B, T, cfg.num_kv_heads, D)

@@ -124,3 +124,30 @@ def test_the_kernels_lower_for_cuda_with_triton():
     assert text.count("xla.gpu.triton") == 3 * cfg.num_layers + 1
     for name in ("decode_qkv", "decode_attn", "decode_mlp", "decode_head"):
         assert name in text
+
+
+def test_a_carried_cache_with_the_kernels_continues_as_xla_does():
+    """Two turns of `continue_tokens` on a carried cache (the LLM rollout's path), temperature 1 with stop
+    tokens: the kernels' sampler draws the same tokens as XLA's from the same keys, and leaves the same cache."""
+    model = _model(seed=5)
+    gd, params = tr.split(model)
+    cont = jax.jit(S.continue_tokens, static_argnums=(0, 8))
+    out = {}
+    for kernel in ("xla", "pallas_interpret"):
+        cfg = S.SamplerConfig(max_new_tokens=6, temperature=1.0, stop_tokens=tuple(range(3, 256, 9)),
+                              decode_kernel=kernel)
+        cache, start, rows = tr.init_cache(model.cfg, 1, 2 * (4 + 6)), jnp.array([0]), []
+        for t, user in enumerate(([5, 9, 31, 0], [200, 7, 0, 0])):
+            u = jnp.array([user])
+            ul = jnp.array([sum(x > 0 for x in user)])
+            toks, lp, n, cache = cont(gd, params, cache, t * 10, start, u, ul, jax.random.key(t), cfg)
+            start = start + ul + n
+            rows.append((toks, lp, n))
+        out[kernel] = rows, cache
+    for (t1, lp1, n1), (t2, lp2, n2) in zip(out["xla"][0], out["pallas_interpret"][0]):
+        np.testing.assert_array_equal(t1, t2)
+        np.testing.assert_array_equal(n1, n2)
+        np.testing.assert_allclose(lp1, lp2, atol=1e-4)
+    np.testing.assert_array_equal(out["xla"][1]["valid"], out["pallas_interpret"][1]["valid"])
+    for name in ("k", "v"):  # stacked back to [L, B, S, Hkv, D]
+        np.testing.assert_allclose(out["xla"][1][name], out["pallas_interpret"][1][name], atol=1e-5)
