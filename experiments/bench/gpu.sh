@@ -26,14 +26,15 @@
 #                  vs over the trained tokens only (llm_head.py)
 #   (--smoke also runs decode_hlo and gpu_profile at micro size; on the GPU they are explore steps)
 # --explore (after those, in the time left): explore_pallas_tiles = the fused batch-1 decode kernels' tile sizes and
-#   warps (sampler.py --fused-set); explore_profile = kernel-by-kernel time of the SmolLM2-shape decode
+#   warps (sampler.py --fused-set); explore_profile_pallas = their batch-1 step kernel by kernel; explore_profile = kernel-by-kernel time of the SmolLM2-shape decode
 #   (B 1, 256) and the Qwen-shape training step (gpu_profile.py: jax.profiler, Perfetto JSON summed by name);
 #   explore_decode_hlo = the cache-shaped copies / converts / updates
 #   in the compiled SmolLM2-shape decode at B 256 (decode_hlo.py: what a B 256 step moves besides the new slot);
 #   explore_cmdbuf = the sampler at batch 1 and 256 with XLA's command
 #   buffers (CUDA graphs) extended to while loops and conditionals (launch overhead); explore_head_qwen(_big) =
 #   the vocabulary-tiled log-prob head alone at the Qwen2.5-0.5B shape (B 8 x T 2048, H 896, V 151,936), default
-#   and larger tiles; explore_mfu_noremat = train_mfu's cuDNN variant without remat
+#   and larger tiles; explore_mfu_noremat = train_mfu's cuDNN variant without remat; explore_mfu_cublas = the same
+#   with remat and every matmul on cuBLAS (XLA's Triton GEMM fusions off)
 # Targets (issue #16): decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
 set -u
 cd "$(dirname "$0")/../.."
@@ -49,7 +50,7 @@ for arg in "$@"; do
     --llm-only) LLM_ONLY=1 ;;
     --explore) EXPLORE=1 ;;
     --only=*) ONLY=",${arg#--only=}," ;;
-    -h|--help) sed -n 2,37p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,38p "$0"; exit 0 ;;
     *) RES="$arg" ;;
   esac
 done
@@ -99,7 +100,7 @@ elif [ "$SMOKE" = 1 ]; then  # generous limits: they only catch hangs (a loaded 
   step train_mfu 150 train_mfu.py --smoke --variants chunked,full
   step logprob_memory 150 logprob_memory.py --smoke --time 1
   step decode_hlo 150 decode_hlo.py --smoke
-  step gpu_profile 150 gpu_profile.py --smoke
+  step gpu_profile 150 gpu_profile.py --smoke --what decode,decode_pallas,train
   step llm_head 150 llm_head.py --smoke
   # iteration.py compiles the whole loop (minutes on a CPU): the smoke run only checks that it imports and
   # parses its arguments; tests/integration/test_loop.py runs the loop itself.
@@ -124,6 +125,7 @@ else
     step explore_pallas_tiles 120 sampler.py --model smollm2-shape --batches 1 --prompt-len 128 --new-tokens 128 \
       --dtype bfloat16 --reps 3 --decode-kernel pallas \
       --fused-set "MLP_COLS=64;NUM_WARPS=2;NUM_WARPS=8;NUM_STAGES=1;VOCAB_COLS=64,NUM_WARPS=2"
+    step explore_profile_pallas 60 gpu_profile.py --what decode_pallas --dump-dir "$(dirname "$RES")"
     step explore_profile 120 gpu_profile.py --dump-dir "$(dirname "$RES")"  # + the compiled HLO texts (gzip)
     step explore_decode_hlo 60 decode_hlo.py --model smollm2-shape --batch 256 --dtype bfloat16
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE \
@@ -135,6 +137,8 @@ else
       --dtype bfloat16 --time 3 --token-chunk 4096 --vocab-chunk 32768
     step explore_mfu_noremat 70 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
       --variants cudnn
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" step explore_mfu_cublas 70 train_mfu.py \
+      --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --variants cudnn
   fi
   # [llm] (issue #17): SmolLM2 CRL vs GRPO on the lit room (experiments/llm_gpu_run.sh), only when
   # LLM_BUDGET_S > 0 — the benchmarks above take most of the 8 minutes, so on a 10-minute device call

@@ -5,6 +5,7 @@
 Runs each workload once to compile, then again under `jax.profiler.trace(create_perfetto_trace=True)`, reads
 the Perfetto JSON back and sums the complete events by name:
 - decode: `sample_tokens` at SmolLM2-135M shape (bf16, P 128 + N 64, the backend's decode plan) at B 1 and 256;
+- decode_pallas (not in the default --what): the same at B 1 with `decode_kernel="pallas"` (models/fused_decode.py);
 - train: one Qwen2.5-0.5B-shape AdamW step (bf16, B 8 x T 2,048, remat, tiled log-probs, the default attention).
 For each: the wall time, the device's busy time (the sum of its events; on a CPU, the XLA thunks), the idle
 share (wall minus busy: launch gaps, host round trips), device events per decode step, and the top events by
@@ -126,21 +127,22 @@ def profiled(jitted, args: tuple, steps: int, top: int, dump: str | None = None,
         return summarize(device_events(d), wall, steps, top, text)
 
 
-def decode_case(B: int, smoke: bool, top: int, dump_dir: str | None = None) -> dict:
-    if smoke:
-        cfg = tr.tiny_config(128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1)
+def decode_case(B: int, smoke: bool, top: int, dump_dir: str | None = None, kernel: str = "xla") -> dict:
+    if smoke:  # (hidden 64: a size the fused kernels take)
+        cfg = tr.tiny_config(128, hidden_size=64, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
         P, N = 8, 8
     else:
         cfg, P, N = preset_config("smollm2-135m", param_dtype="bfloat16"), 128, 64
     gd, pa = tr.split(tr.create(cfg, jax.random.key(0)))
     prompt = jax.random.randint(jax.random.key(1), (B, P), 1, cfg.vocab_size)
     plen = jnp.full((B,), P, jnp.int32)
-    sc = S.SamplerConfig(max_new_tokens=N, temperature=1.0)
+    sc = S.SamplerConfig(max_new_tokens=N, temperature=1.0, decode_kernel=kernel)
     static = (0, 5)  # graphdef, SamplerConfig
     fn = jax.jit(S.sample_tokens, static_argnums=static)
+    tag = "" if kernel == "xla" else "_pallas"
     out = profiled(fn, (gd, pa, prompt, plen, jax.random.key(2), sc), N, top,
-                   dump_dir and os.path.join(dump_dir, f"hlo_decode_b{B}.txt.gz"), static=static)
-    return dict(what="decode", batch=B, P=P, N=N, plan=S.decode_plan(sc, P + N, cfg.num_layers), **out)
+                   dump_dir and os.path.join(dump_dir, f"hlo_decode{tag}_b{B}.txt.gz"), static=static)
+    return dict(what="decode" + tag, batch=B, P=P, N=N, plan=S.decode_plan(sc, P + N, cfg.num_layers), **out)
 
 
 def train_case(smoke: bool, top: int, dump_dir: str | None = None) -> dict:
@@ -171,8 +173,13 @@ def main(argv=None) -> list[dict]:
     a = p.parse_args(argv)
     rows = []
     for w in a.what.split(","):
-        cases = [lambda B=B: decode_case(B, a.smoke, a.top, a.dump_dir) for B in ((2,) if a.smoke else (1, 256))] \
-            if w == "decode" else [lambda: train_case(a.smoke, a.top, a.dump_dir)]
+        if w == "decode":
+            cases = [lambda B=B: decode_case(B, a.smoke, a.top, a.dump_dir) for B in ((2,) if a.smoke else (1, 256))]
+        elif w == "decode_pallas":  # batch 1 with the fused kernels (their interpreter off a GPU)
+            fused = "pallas" if jax.default_backend() == "gpu" else "pallas_interpret"
+            cases = [lambda: decode_case(1, a.smoke, a.top, a.dump_dir, fused)]
+        else:
+            cases = [lambda: train_case(a.smoke, a.top, a.dump_dir)]
         for case in cases:
             try:
                 r = case()
