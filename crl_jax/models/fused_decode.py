@@ -22,8 +22,9 @@ Partials instead of a reduction kernel: the next kernel adds them up in a fixed 
 accumulated in the same pass, the product scaled by 1/rms at the end), so no kernel needs a grid-wide barrier.
 `_head_kernel` does the final norm and the vocabulary head (one program per `VOCAB_COLS` tokens) on the last
 layer's output, summed by XLA. With that sum, the embedding lookup and the sampling in XLA, a step is about
-3L + 10 kernels instead of ~19L. The loops over the hidden size are unrolled (static Python loops): every
-chunk's loads are independent, so a program can have them all in flight.
+3L + 10 kernels instead of ~19L. The loops over the hidden size run in groups of `UNROLL` unrolled chunks:
+each chunk's loads are independent of the others, so a program has a group's loads in flight at once. What each
+kernel compiles to (registers, spills) can be seen without a GPU: experiments/bench/triton_ptx.py.
 
 Numerics follow `Transformer._cached_layer` (float32 accumulation, the model dtype's roundings after each
 projection, float32 softmax), except that the normalised input of a projection is not rounded to the model
@@ -52,7 +53,12 @@ MLP_COLS = 32  # intermediate columns per program of the MLP kernel (48 programs
 VOCAB_COLS = 128  # vocabulary rows per program of the head kernel
 SLOTS = 64  # cache slots per attention block
 NUM_WARPS = 4
-NUM_STAGES = 2
+NUM_STAGES = 2  # Triton's software pipelining depth of a rolled loop
+DEBUG = False  # print each kernel's jaxpr and Triton module when it is lowered (experiments/bench/triton_ptx.py)
+UNROLL = 3  # chunks per step of the loops over the hidden size: k = a `fori_loop` over groups of k unrolled
+#             chunks (1: rolled, one chunk ahead in flight with Triton's pipelining), 0 = all unrolled (every load
+#             in flight at once; at SmolLM2 shape the MLP kernel then spills 172 bytes at 255 registers, against
+#             72 registers and no spill with 3: experiments/bench/triton_ptx.py)
 f32 = jnp.float32
 
 
@@ -97,7 +103,7 @@ def wanted(kernel: str, cfg, batch: int, capacity: int) -> bool:
 
 
 def _call(kernel, out_shape, grid, interpret: bool, aliases=None, name=None):
-    kw = dict(out_shape=out_shape, grid=grid, input_output_aliases=aliases or {}, name=name)
+    kw = dict(out_shape=out_shape, grid=grid, input_output_aliases=aliases or {}, name=name, debug=DEBUG)
     if interpret:
         kw["interpret"] = True
     else:
@@ -108,6 +114,25 @@ def _call(kernel, out_shape, grid, interpret: bool, aliases=None, name=None):
 def _round(x, dtype):
     """x rounded to the model dtype, kept in float32 (where XLA's path stores an intermediate in that dtype)."""
     return x.astype(dtype).astype(f32)
+
+
+def _chunks(n: int, body, carry):
+    """carry = body(c, carry) for c in 0 .. n-1, as a `fori_loop` over groups of `UNROLL` chunks (the group
+    unrolled; the chunks left over after the last whole group unrolled after the loop), or all unrolled."""
+    k = UNROLL if 0 < UNROLL < n else n
+
+    def group(g, carry):
+        for i in range(k):
+            carry = body(g * k + i, carry)
+        return carry
+
+    if n // k > 1:
+        carry = jax.lax.fori_loop(0, n // k, group, carry)
+    elif n // k == 1:
+        carry = group(0, carry)
+    for c in range(n // k * k, n):
+        carry = body(c, carry)
+    return carry
 
 
 def _residual_chunk(base_ref, parts_ref, n_parts: int, c, dtype):
@@ -133,8 +158,8 @@ def _qkv_kernel(*refs, H, D, Nq, Nkv, n_parts, eps, bias, qk_norm, dtype):
     j = pl.program_id(0)
     h2 = D // 2
 
-    ss, a1, a2 = 0.0, jnp.zeros((h2,), f32), jnp.zeros((h2,), f32)
-    for c in range(H // CH):  # unrolled: every chunk's loads are independent, so they can all be in flight
+    def body(c, carry):
+        ss, a1, a2 = carry
         xc = _residual_chunk(base_ref, parts_ref, n_parts, c, dtype)
 
         @pl.when(j == 0)
@@ -142,9 +167,12 @@ def _qkv_kernel(*refs, H, D, Nq, Nkv, n_parts, eps, bias, qk_norm, dtype):
             x_ref[pl.ds(c * CH, CH)] = xc.astype(x_ref.dtype)
 
         xw = (xc * wn_ref[pl.ds(c * CH, CH)].astype(f32))[:, None]
-        ss = ss + jnp.sum(xc * xc)
         a1 = a1 + jnp.sum(xw * w_ref[pl.ds(c * CH, CH), pl.ds(j * D, h2)].astype(f32), axis=0)
         a2 = a2 + jnp.sum(xw * w_ref[pl.ds(c * CH, CH), pl.ds(j * D + h2, h2)].astype(f32), axis=0)
+        return ss + jnp.sum(xc * xc), a1, a2
+
+    zero = jnp.zeros((h2,), f32)
+    ss, a1, a2 = _chunks(H // CH, body, (jnp.float32(0.0), zero, zero))
     inv = jax.lax.rsqrt(ss / H + eps)
     y1, y2 = _round(a1 * inv, dtype), _round(a2 * inv, dtype)
     if bias:
@@ -204,17 +232,20 @@ def _attn_kernel(idx_ref, valid_ref, q_ref, kc_ref, vc_ref, wo_ref, parts_ref, *
     _, l, acc = jax.lax.fori_loop(0, (idx + c) // c, block, init)  # the blocks holding slots 0 .. idx
     o = _round(acc / jnp.where(l > 0, l, 1.0), dtype)
 
-    for c in range(H // CH):  # this head's rows of the output projection, CH columns at a time
+    def project(c, carry):  # this head's rows of the output projection, CH columns at a time
         w = wo_ref[pl.ds(n * D, D), pl.ds(c * CH, CH)].astype(f32)
         parts_ref[n, pl.ds(c * CH, CH)] = jnp.sum(o[:, None] * w, axis=0)
+        return carry
+
+    _chunks(H // CH, project, 0)
 
 
 def _mlp_kernel(base_ref, parts_ref, wn_ref, wgu_ref, wd_ref, h_ref, out_ref, *, H, I, n_parts, eps, dtype):
     p = pl.program_id(0)
     ci = MLP_COLS
 
-    ss, g, u = 0.0, jnp.zeros((ci,), f32), jnp.zeros((ci,), f32)
-    for c in range(H // CH):
+    def body(c, carry):
+        ss, g, u = carry
         xc = _residual_chunk(base_ref, parts_ref, n_parts, c, dtype)
 
         @pl.when(p == 0)
@@ -222,16 +253,22 @@ def _mlp_kernel(base_ref, parts_ref, wn_ref, wgu_ref, wd_ref, h_ref, out_ref, *,
             h_ref[pl.ds(c * CH, CH)] = xc.astype(h_ref.dtype)
 
         xw = (xc * wn_ref[pl.ds(c * CH, CH)].astype(f32))[:, None]
-        ss = ss + jnp.sum(xc * xc)
         g = g + jnp.sum(xw * wgu_ref[pl.ds(c * CH, CH), pl.ds(p * ci, ci)].astype(f32), axis=0)
         u = u + jnp.sum(xw * wgu_ref[pl.ds(c * CH, CH), pl.ds(I + p * ci, ci)].astype(f32), axis=0)
+        return ss + jnp.sum(xc * xc), g, u
+
+    zero = jnp.zeros((ci,), f32)
+    ss, g, u = _chunks(H // CH, body, (jnp.float32(0.0), zero, zero))
     inv = jax.lax.rsqrt(ss / H + eps)
     g, u = _round(g * inv, dtype), _round(u * inv, dtype)
     act = _round(_round(g / (1.0 + jnp.exp(-g)), dtype) * u, dtype)  # silu(g) * u
 
-    for c in range(H // CH):
+    def project(c, carry):
         w = wd_ref[pl.ds(p * ci, ci), pl.ds(c * CH, CH)].astype(f32)
         out_ref[p, pl.ds(c * CH, CH)] = jnp.sum(act[:, None] * w, axis=0)
+        return carry
+
+    _chunks(H // CH, project, 0)
 
 
 def _head_kernel(x_ref, wn_ref, w_ref, out_ref, *, H, eps, tied):
@@ -239,15 +276,18 @@ def _head_kernel(x_ref, wn_ref, w_ref, out_ref, *, H, eps, tied):
     would read them 384 times)."""
     v = pl.program_id(0)
     cv = VOCAB_COLS
-    ss, acc = 0.0, jnp.zeros((cv,), f32)
-    for c in range(H // CH):
+
+    def body(c, carry):
+        ss, acc = carry
         xc = x_ref[pl.ds(c * CH, CH)].astype(f32)
         xw = xc * wn_ref[pl.ds(c * CH, CH)].astype(f32)
-        ss = ss + jnp.sum(xc * xc)
         if tied:  # the embedding [V, H] as stored
             acc = acc + jnp.sum(w_ref[pl.ds(v * cv, cv), pl.ds(c * CH, CH)].astype(f32) * xw[None, :], axis=1)
         else:  # lm_head [H, V]
             acc = acc + jnp.sum(xw[:, None] * w_ref[pl.ds(c * CH, CH), pl.ds(v * cv, cv)].astype(f32), axis=0)
+        return ss + jnp.sum(xc * xc), acc
+
+    ss, acc = _chunks(H // CH, body, (jnp.float32(0.0), jnp.zeros((cv,), f32)))
     out_ref[pl.ds(v * cv, cv)] = acc * jax.lax.rsqrt(ss / H + eps)
 
 

@@ -122,9 +122,9 @@ else
   step llm_head 90 llm_head.py --loss extractor,actor --batch 8 --prompt-len 768 --reply-len 16 --turns 8 \
     --dtype bfloat16 --reps 3
   if [ "$EXPLORE" = 1 ]; then
-    step explore_pallas_tiles 120 sampler.py --model smollm2-shape --batches 1 --prompt-len 128 --new-tokens 128 \
+    step explore_pallas_tiles 150 sampler.py --model smollm2-shape --batches 1 --prompt-len 128 --new-tokens 128 \
       --dtype bfloat16 --reps 3 --decode-kernel pallas \
-      --fused-set "MLP_COLS=64;NUM_WARPS=2;NUM_WARPS=8;NUM_STAGES=1;VOCAB_COLS=64,NUM_WARPS=2"
+      --fused-set "UNROLL=0;UNROLL=1;MLP_COLS=64;NUM_WARPS=2;NUM_WARPS=8;NUM_STAGES=1"
     step explore_profile_pallas 60 gpu_profile.py --what decode_pallas --dump-dir "$(dirname "$RES")"
     step explore_profile 120 gpu_profile.py --dump-dir "$(dirname "$RES")"  # + the compiled HLO texts (gzip)
     step explore_decode_hlo 60 decode_hlo.py --model smollm2-shape --batch 256 --dtype bfloat16

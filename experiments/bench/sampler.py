@@ -85,7 +85,7 @@ def set_fused_tiles(setting: str) -> None:
     jax.clear_caches()
 
 
-FUSED_TILES = ("CH", "MLP_COLS", "VOCAB_COLS", "SLOTS", "NUM_WARPS", "NUM_STAGES")
+FUSED_TILES = ("CH", "MLP_COLS", "VOCAB_COLS", "SLOTS", "NUM_WARPS", "NUM_STAGES", "UNROLL")
 
 
 def timed(fn, reps: int) -> tuple[float, float]:

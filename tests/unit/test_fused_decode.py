@@ -151,3 +151,17 @@ def test_a_carried_cache_with_the_kernels_continues_as_xla_does():
     np.testing.assert_array_equal(out["xla"][1]["valid"], out["pallas_interpret"][1]["valid"])
     for name in ("k", "v"):  # stacked back to [L, B, S, Hkv, D]
         np.testing.assert_allclose(out["xla"][1][name], out["pallas_interpret"][1][name], atol=1e-5)
+
+
+@pytest.mark.parametrize("unroll", [0, 1])
+def test_every_loop_form_gives_the_same_step(monkeypatch, unroll):
+    """The hidden-size loops all unrolled (0) or rolled (1), against the default groups: the same logits
+    (hidden 448 = 7 chunks: the default runs two groups of 3 in a loop, then one chunk)."""
+    assert fd.UNROLL == 3
+    model = _model(hidden_size=448, num_heads=14, num_kv_heads=2)
+    layers, cache, slot, pos = _prefilled(model, 40)
+    tok, p = jnp.array([9]), jnp.array([pos])
+    want, _ = fd.decode_step(model, layers, tok, p, cache, slot, interpret=True)
+    monkeypatch.setattr(fd, "UNROLL", unroll)
+    got, _ = fd.decode_step(model, layers, tok, p, cache, slot, interpret=True)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
