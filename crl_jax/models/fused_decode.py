@@ -20,6 +20,8 @@ weights once:
 Partials instead of a reduction kernel: the next kernel adds them up in a fixed order while it reads its input
 (so the result is deterministic, unlike atomics), and RMSNorm is folded into each matvec (the sum of squares is
 accumulated in the same pass, the product scaled by 1/rms at the end), so no kernel needs a grid-wide barrier.
+A model with more than `MAX_PARTS` MLP programs gets its MLP partials summed by XLA instead (one more kernel per
+layer, against every program of the next kernel reading all of them).
 `_head_kernel` does the final norm and the vocabulary head (one program per `VOCAB_COLS` tokens) on the last
 layer's output, summed by XLA. With that sum, the embedding lookup and the sampling in XLA, a step is about
 3L + 10 kernels instead of ~19L. The loops over the hidden size run in groups of `UNROLL` unrolled chunks:
@@ -52,6 +54,8 @@ CH = 64  # hidden-size chunk of every matvec
 MLP_COLS = 32  # intermediate columns per program of the MLP kernel (48 programs at SmolLM2's 1,536)
 VOCAB_COLS = 128  # vocabulary rows per program of the head kernel
 SLOTS = 64  # cache slots per attention block
+MAX_PARTS = 64  # more MLP partials than this (Qwen2.5-0.5B: 152) are summed by XLA before the next layer: each
+#                of the next kernel's programs would otherwise read them all (at Qwen's shape 0.9 MB, 8x its weights)
 NUM_WARPS = 4
 NUM_STAGES = 2  # Triton's software pipelining depth of a rolled loop
 DEBUG = False  # print each kernel's jaxpr and Triton module when it is lowered (experiments/bench/triton_ptx.py)
@@ -144,6 +148,11 @@ def _residual_chunk(base_ref, parts_ref, n_parts: int, c, dtype):
     tile = parts_ref[:, pl.ds(c * CH, CH)]  # [rows (a power of two), CH]; rows >= n_parts were never written
     keep = jnp.arange(tile.shape[0])[:, None] < n_parts
     return _round(x + _round(jnp.sum(jnp.where(keep, tile, 0.0), axis=0), dtype), dtype)
+
+
+def _summed(base, parts, n_parts: int, dtype):
+    """base + the first n_parts rows of parts, rounded as `_residual_chunk` rounds (in XLA)."""
+    return _round(base.astype(f32) + _round(parts[:n_parts].sum(0), dtype), dtype).astype(dtype)
 
 
 def _qkv_kernel(*refs, H, D, Nq, Nkv, n_parts, eps, bias, qk_norm, dtype):
@@ -341,7 +350,8 @@ def decode_step(model, layers, tok, position, cache: dict, cache_index, *, inter
         x, parts = _call(kern, (shape(H, dt=dtype), shape(_next_pow2(n_mlp), H)), (n_mlp,), interpret,
                          name="decode_mlp")(x, attn, lp["mlp_norm"], lp["w_gate_up"], lp["w_down"])
         n_parts = n_mlp
-    x = _round(x.astype(f32) + _round(parts[:n_parts].sum(0), dtype), dtype).astype(dtype)  # one XLA fusion
+        if n_mlp > MAX_PARTS or i == L - 1:  # summed once by one XLA fusion (see MAX_PARTS; the head's input)
+            x, parts, n_parts = _summed(x, parts, n_mlp, dtype), None, 0
     tied = cfg.tie_embeddings
     kern = functools.partial(_head_kernel, H=H, eps=eps, tied=tied)
     w = model.embed[...] if tied else model.lm_head[...]

@@ -165,3 +165,16 @@ def test_every_loop_form_gives_the_same_step(monkeypatch, unroll):
     monkeypatch.setattr(fd, "UNROLL", unroll)
     got, _ = fd.decode_step(model, layers, tok, p, cache, slot, interpret=True)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
+
+
+def test_mlp_partials_summed_by_xla_give_the_same_step(monkeypatch):
+    """More MLP programs than `MAX_PARTS` (Qwen2.5-0.5B: 152): XLA sums their partials between layers; the same
+    step as XLA's."""
+    model = _model(intermediate_size=192)  # 6 MLP programs
+    layers, cache, slot, pos = _prefilled(model, 40)
+    tok, p = jnp.array([4]), jnp.array([pos])
+    h, _ = model(tok[:, None], positions=p[:, None], attention_mask=jnp.ones((1, 1), bool), cache=cache,
+                 cache_index=slot, return_hidden=True, layers=layers)
+    monkeypatch.setattr(fd, "MAX_PARTS", 4)
+    got, _ = fd.decode_step(model, layers, tok, p, cache, slot, interpret=True)
+    np.testing.assert_allclose(got, model.unembed(h)[:, 0], rtol=1e-5, atol=2e-5)
