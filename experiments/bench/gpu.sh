@@ -107,10 +107,10 @@ elif [ "$SMOKE" = 1 ]; then  # generous limits: they only catch hangs (a loaded 
   timeout 150 "$PY" experiments/bench/iteration.py --help >"$WORK/iteration.log" 2>&1
   echo "$? 0" >"$WORK/iteration.rc"
 else
-  step gpu_checks 60 gpu_checks.py
+  step gpu_checks 150 gpu_checks.py
   step sampler 90 sampler.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
     --dtype bfloat16 --reps 3
-  step sampler_pallas 75 sampler.py --model smollm2-shape --batches 1 --prompt-len 128 --new-tokens 128 \
+  step sampler_pallas 100 sampler.py --model smollm2-shape --batches 1 --prompt-len 128 --new-tokens 128 \
     --dtype bfloat16 --reps 3 --decode-kernel pallas
   step train_mfu 130 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 \
     --variants chunked,full,cudnn,cudnn_fullmask
