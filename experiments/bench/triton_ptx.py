@@ -86,7 +86,11 @@ def triton_modules(preset: str) -> dict[str, str]:
     out = {}
     for m in re.finditer(r"\nmodule @(\w+) \{\n(.*?)\n\} \[unknown\]\n", buf.getvalue(), re.S):
         body = re.sub(r' \[unknown\]| "[^"\n]*"\(#loc\d+\)| \(#loc\d+\)| loc\(#loc\d+\)', "", m.group(2))
-        out.setdefault(m.group(1), "module {\n" + body + "\n}\n")  # debug locations dropped
+        text, name = "module {\n" + body + "\n}\n", m.group(1)  # debug locations dropped
+        if text in out.values():
+            continue
+        n = sum(k == name or k.startswith(name + "_v") for k in out)  # a variant: e.g. layer 0's qkv kernel has
+        out[name if n == 0 else f"{name}_v{n + 1}"] = text  # no partials to add, the later layers' do
     return out
 
 
