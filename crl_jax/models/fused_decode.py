@@ -34,6 +34,8 @@ dtype before the product. Tested equal (float32, interpret mode) to the XLA step
 CPU (tests/unit/test_fused_decode.py); GPU parity and speed: experiments/bench/gpu_checks.py and
 decode_cache.py's `pallas` variant (gpu.sh).
 
+One device: the kernels take whole arrays (a model sharded over a mesh keeps `decode_kernel="xla"`).
+
 Triton needs power-of-two tensor shapes, so every model dimension is walked in chunks: hidden size a multiple
 of `CH`, head dim a power of two, intermediate size a multiple of `MLP_COLS`, vocabulary a multiple of
 `VOCAB_COLS` (`unsupported` says which one fails).

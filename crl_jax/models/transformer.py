@@ -42,7 +42,7 @@ from flax import nnx
 from crl_jax.models.attention import attend_live, dense_attention
 from crl_jax.models.layers import apply_rope, rms_norm, rope_inv_freq  # noqa: F401  (re-exported)
 from crl_jax.models.transformer_config import (  # noqa: F401  (re-exported)
-    TransformerConfig, as_dtype, tiny_config)
+    TransformerConfig, as_dtype, checkpoint_policy, tiny_config)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ class Transformer(nnx.Module):
                 return self._layer(h, lp, positions, inv_freq, attn_factor, mask, causal=True)[0], None
 
             if cfg.remat:
-                block = jax.checkpoint(block)
+                block = jax.checkpoint(block, policy=checkpoint_policy(cfg.remat_policy))
             h, _ = jax.lax.scan(block, h, lps)
             new_cache = None
         else:
@@ -228,7 +228,7 @@ class Transformer(nnx.Module):
                                past_kv=None if pk is None else (pk, pv))[0], None
 
         if cfg.remat:
-            block = jax.checkpoint(block)
+            block = jax.checkpoint(block, policy=checkpoint_policy(cfg.remat_policy))
         h = self.embed_tokens(tokens)
         head = lambda x: None if x is None else x[:-1]  # noqa: E731
         tail = lambda x: None if x is None else x[-1]  # noqa: E731

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from crl_jax.models.attention import ATTN_IMPLS
@@ -23,6 +24,18 @@ def as_dtype(name: Any):
         except KeyError:
             raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(_DTYPES)}") from None
     return jnp.dtype(name)
+
+
+REMAT_POLICIES = ("nothing", "dots")
+
+
+def checkpoint_policy(name: str):
+    """The `jax.checkpoint` policy of `TransformerConfig.remat_policy`: None (save nothing) or
+    `dots_with_no_batch_dims_saveable`, which keeps every projection matmul's output (their einsums have no
+    dot_general batch dimensions; attention's score and value products do, and are recomputed)."""
+    if name not in REMAT_POLICIES:
+        raise ValueError(f"remat_policy {name!r}: choose one of {REMAT_POLICIES}")
+    return None if name == "nothing" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,9 @@ class TransformerConfig:
     max_position_embeddings: int = 2048  # longest position the RoPE tables are built for
     param_dtype: str = "float32"  # storage dtype of parameters ("float32" | "bfloat16")
     remat: bool = False  # rematerialise each block in the backward pass (saves activation memory)
+    remat_policy: str = "nothing"  # what a rematerialised block keeps for the backward pass: "nothing" (recompute
+    #                                the whole block; least memory) | "dots" (keep the projection matmuls' outputs,
+    #                                recompute the elementwise ops and attention: `checkpoint_policy`)
     family: str = "llama"  # informational: llama | qwen2 | qwen3 | tiny
     attn_impl: str = "auto"  # uncached attention: "einsum" (float32 softmax, any backend) | "xla" | "cudnn"
     #                          (jax.nn.dot_product_attention; cudnn = fused flash attention, CUDA + bf16/fp16) |
@@ -64,6 +80,8 @@ class TransformerConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"TransformerConfig.{name} must be > 0, got {getattr(self, name)}")
         as_dtype(self.param_dtype)
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"TransformerConfig.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
         if self.attn_impl not in ATTN_IMPLS:
             raise ValueError(f"TransformerConfig.attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
 

@@ -33,8 +33,9 @@
 #   explore_cmdbuf = the sampler at batch 1 and 256 with XLA's command
 #   buffers (CUDA graphs) extended to while loops and conditionals (launch overhead); explore_head_qwen(_big) =
 #   the vocabulary-tiled log-prob head alone at the Qwen2.5-0.5B shape (B 8 x T 2048, H 896, V 151,936), default
-#   and larger tiles; explore_mfu_noremat = train_mfu's cuDNN variant without remat; explore_mfu_cublas = the same
-#   with remat and every matmul on cuBLAS (XLA's Triton GEMM fusions off)
+#   and larger tiles; explore_mfu_noremat = train_mfu's cuDNN variant without remat; explore_mfu_dots = with remat
+#   keeping the projection matmuls' outputs (remat_policy="dots"); explore_mfu_cublas = the same with full remat and
+#   every matmul on cuBLAS (XLA's Triton GEMM fusions off)
 # Targets (issue #16): decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
 set -u
 cd "$(dirname "$0")/../.."
@@ -50,7 +51,7 @@ for arg in "$@"; do
     --llm-only) LLM_ONLY=1 ;;
     --explore) EXPLORE=1 ;;
     --only=*) ONLY=",${arg#--only=}," ;;
-    -h|--help) sed -n 2,38p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,39p "$0"; exit 0 ;;
     *) RES="$arg" ;;
   esac
 done
@@ -136,6 +137,8 @@ else
     step explore_head_qwen_big 45 logprob_memory.py --batch 8 --seq 2048 --hidden 896 --vocab 151936 \
       --dtype bfloat16 --time 3 --token-chunk 4096 --vocab-chunk 32768
     step explore_mfu_noremat 70 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
+      --variants cudnn
+    step explore_mfu_dots 70 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat-policy dots \
       --variants cudnn
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" step explore_mfu_cublas 70 train_mfu.py \
       --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --variants cudnn

@@ -84,7 +84,7 @@ def measure(cfg, variant: str, a) -> dict:
     dt = sorted(times)[len(times) // 2]
     tokens = a.batch * a.seq
     flops = model_flops_per_token(cfg, a.seq) * tokens
-    return dict(variant=variant, preset=a.preset, batch=a.batch, seq=a.seq, remat=a.remat,
+    return dict(variant=variant, preset=a.preset, batch=a.batch, seq=a.seq, remat=a.remat, remat_policy=cfg.remat_policy,
                 params_m=tr.num_params(state.params) / 1e6, step_s=dt, step_s_all=times, tokens_per_s=tokens / dt,
                 tflops=flops / dt / 1e12, mfu=flops / dt / a.peak, compile_s=compile_s,
                 temp_bytes=getattr(mem, "temp_size_in_bytes", None) if mem is not None else None,
@@ -97,6 +97,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--remat", type=int, default=1)
+    p.add_argument("--remat-policy", default="nothing", help="TransformerConfig.remat_policy: nothing | dots")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--peak", type=float, default=989e12)
     p.add_argument("--variants", default="chunked", help="comma list of chunked (library) and full (before #16)")
@@ -105,10 +106,10 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.smoke:
         cfg = tr.tiny_config(1024, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
-                             remat=bool(a.remat))
+                             remat=bool(a.remat), remat_policy=a.remat_policy)
         a.preset, a.batch, a.seq, a.reps = "tiny", 2, 64, 1
     else:
-        cfg = preset_config(a.preset, param_dtype="bfloat16", remat=bool(a.remat))
+        cfg = preset_config(a.preset, param_dtype="bfloat16", remat=bool(a.remat), remat_policy=a.remat_policy)
     rows = []
     for v in a.variants.split(","):
         try:
