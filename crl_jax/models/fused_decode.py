@@ -152,6 +152,30 @@ def _residual_chunk(base_ref, parts_ref, n_parts: int, c, dtype):
     return _round(x + _round(jnp.sum(jnp.where(keep, tile, 0.0), axis=0), dtype), dtype)
 
 
+def _normed_pair(base_ref, parts_ref, n_parts: int, wn_ref, w_ref, col_a, col_b, width: int, H: int, eps: float,
+                 x_out_ref, writer, dtype):
+    """RMSNorm(x) @ w[:, col_a : col_a + width] and @ w[:, col_b : col_b + width] (float32), for the residual x
+    = base + partials (`_residual_chunk`), which the program where `writer` holds also writes to x_out_ref. The
+    norm is folded in: the sum of squares is accumulated in the same pass, the products scaled at the end."""
+    def body(c, carry):
+        ss, a, b = carry
+        xc = _residual_chunk(base_ref, parts_ref, n_parts, c, dtype)
+
+        @pl.when(writer)
+        def _():
+            x_out_ref[pl.ds(c * CH, CH)] = xc.astype(x_out_ref.dtype)
+
+        xw = (xc * wn_ref[pl.ds(c * CH, CH)].astype(f32))[:, None]
+        a = a + jnp.sum(xw * w_ref[pl.ds(c * CH, CH), pl.ds(col_a, width)].astype(f32), axis=0)
+        b = b + jnp.sum(xw * w_ref[pl.ds(c * CH, CH), pl.ds(col_b, width)].astype(f32), axis=0)
+        return ss + jnp.sum(xc * xc), a, b
+
+    zero = jnp.zeros((width,), f32)
+    ss, a, b = _chunks(H // CH, body, (jnp.float32(0.0), zero, zero))
+    inv = jax.lax.rsqrt(ss / H + eps)
+    return a * inv, b * inv
+
+
 def _summed(base, parts, n_parts: int, dtype):
     """base + the first n_parts rows of parts, rounded as `_residual_chunk` rounds (in XLA)."""
     return _round(base.astype(f32) + _round(parts[:n_parts].sum(0), dtype), dtype).astype(dtype)
@@ -169,23 +193,9 @@ def _qkv_kernel(*refs, H, D, Nq, Nkv, n_parts, eps, bias, qk_norm, dtype):
     j = pl.program_id(0)
     h2 = D // 2
 
-    def body(c, carry):
-        ss, a1, a2 = carry
-        xc = _residual_chunk(base_ref, parts_ref, n_parts, c, dtype)
-
-        @pl.when(j == 0)
-        def _():
-            x_ref[pl.ds(c * CH, CH)] = xc.astype(x_ref.dtype)
-
-        xw = (xc * wn_ref[pl.ds(c * CH, CH)].astype(f32))[:, None]
-        a1 = a1 + jnp.sum(xw * w_ref[pl.ds(c * CH, CH), pl.ds(j * D, h2)].astype(f32), axis=0)
-        a2 = a2 + jnp.sum(xw * w_ref[pl.ds(c * CH, CH), pl.ds(j * D + h2, h2)].astype(f32), axis=0)
-        return ss + jnp.sum(xc * xc), a1, a2
-
-    zero = jnp.zeros((h2,), f32)
-    ss, a1, a2 = _chunks(H // CH, body, (jnp.float32(0.0), zero, zero))
-    inv = jax.lax.rsqrt(ss / H + eps)
-    y1, y2 = _round(a1 * inv, dtype), _round(a2 * inv, dtype)
+    a1, a2 = _normed_pair(base_ref, parts_ref, n_parts, wn_ref, w_ref, j * D, j * D + h2, h2, H, eps, x_ref, j == 0,
+                          dtype)
+    y1, y2 = _round(a1, dtype), _round(a2, dtype)
     if bias:
         y1 = _round(y1 + b_ref[pl.ds(j * D, h2)].astype(f32), dtype)
         y2 = _round(y2 + b_ref[pl.ds(j * D + h2, h2)].astype(f32), dtype)
@@ -255,23 +265,9 @@ def _mlp_kernel(base_ref, parts_ref, wn_ref, wgu_ref, wd_ref, h_ref, out_ref, *,
     p = pl.program_id(0)
     ci = MLP_COLS
 
-    def body(c, carry):
-        ss, g, u = carry
-        xc = _residual_chunk(base_ref, parts_ref, n_parts, c, dtype)
-
-        @pl.when(p == 0)
-        def _():
-            h_ref[pl.ds(c * CH, CH)] = xc.astype(h_ref.dtype)
-
-        xw = (xc * wn_ref[pl.ds(c * CH, CH)].astype(f32))[:, None]
-        g = g + jnp.sum(xw * wgu_ref[pl.ds(c * CH, CH), pl.ds(p * ci, ci)].astype(f32), axis=0)
-        u = u + jnp.sum(xw * wgu_ref[pl.ds(c * CH, CH), pl.ds(I + p * ci, ci)].astype(f32), axis=0)
-        return ss + jnp.sum(xc * xc), g, u
-
-    zero = jnp.zeros((ci,), f32)
-    ss, g, u = _chunks(H // CH, body, (jnp.float32(0.0), zero, zero))
-    inv = jax.lax.rsqrt(ss / H + eps)
-    g, u = _round(g * inv, dtype), _round(u * inv, dtype)
+    g, u = _normed_pair(base_ref, parts_ref, n_parts, wn_ref, wgu_ref, p * ci, I + p * ci, ci, H, eps, h_ref, p == 0,
+                        dtype)
+    g, u = _round(g, dtype), _round(u, dtype)
     act = _round(_round(g / (1.0 + jnp.exp(-g)), dtype) * u, dtype)  # silu(g) * u
 
     def project(c, carry):
