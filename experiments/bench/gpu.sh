@@ -26,7 +26,8 @@
 #                  vs over the trained tokens only (llm_head.py)
 #   (--smoke also runs decode_hlo and gpu_profile at micro size; on the GPU they are explore steps)
 # --explore (after those, in the time left): explore_pallas_tiles = the fused batch-1 decode kernels' tile sizes and
-#   warps (sampler.py --fused-set); explore_profile_pallas = their batch-1 step kernel by kernel; explore_profile = kernel-by-kernel time of the SmolLM2-shape decode
+#   warps (sampler.py --fused-set); explore_profile_pallas = their batch-1 step kernel by kernel;
+#   explore_profile = kernel-by-kernel time of the SmolLM2-shape decode
 #   (B 1, 256) and the Qwen-shape training step (gpu_profile.py: jax.profiler, Perfetto JSON summed by name);
 #   explore_decode_hlo = the cache-shaped copies / converts / updates
 #   in the compiled SmolLM2-shape decode at B 256 (decode_hlo.py: what a B 256 step moves besides the new slot);
@@ -51,7 +52,7 @@ for arg in "$@"; do
     --llm-only) LLM_ONLY=1 ;;
     --explore) EXPLORE=1 ;;
     --only=*) ONLY=",${arg#--only=}," ;;
-    -h|--help) sed -n 2,39p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,40p "$0"; exit 0 ;;
     *) RES="$arg" ;;
   esac
 done
@@ -117,7 +118,8 @@ else
     --variants chunked,full,cudnn,cudnn_fullmask
   step iteration 200 iteration.py --steps 3 --seeds 8 --reps 2 --warmup 6  # warmed up: the extractor trains
   step decode_cache 110 decode_cache.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
-    --block 128 --dtype bfloat16 --reps 3 --variants old,inplace,live,inplace_unrolled,live_unrolled,unrolled_reduce,pallas
+    --block 128 --dtype bfloat16 --reps 3 \
+    --variants old,inplace,live,inplace_unrolled,live_unrolled,unrolled_reduce,pallas
   step logprob_memory 40 logprob_memory.py --batch 8 --seq 1024 --hidden 576 --vocab 49152 --dtype bfloat16 \
     --time 3 --model
   step llm_head 90 llm_head.py --loss extractor,actor --batch 8 --prompt-len 768 --reply-len 16 --turns 8 \
