@@ -63,17 +63,13 @@ NUM_STAGES = 2  # Triton's software pipelining depth of a rolled loop
 DEBUG = False  # print each kernel's jaxpr and Triton module when it is lowered (experiments/bench/triton_ptx.py)
 UNROLL = 3  # chunks per step of the loops over the hidden size: k = a `fori_loop` over groups of k unrolled
 #             chunks (1: rolled, one chunk ahead in flight with Triton's pipelining), 0 = all unrolled (every load
-#             in flight at once; at SmolLM2 shape the MLP kernel then spills 172 bytes at 255 registers, against
+#             in flight at once; at SmolLM2 shape the MLP kernel then spills 168 bytes at 255 registers, against
 #             72 registers and no spill with 3: experiments/bench/triton_ptx.py)
 f32 = jnp.float32
 
 
 def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def unsupported(cfg, batch: int, capacity: int) -> str | None:
@@ -142,14 +138,17 @@ def _chunks(n: int, body, carry):
 
 
 def _residual_chunk(base_ref, parts_ref, n_parts: int, c, dtype):
-    """Chunk c (CH values, float32) of the residual stream: base + the sum of the first n_parts rows of the
-    previous kernel's partials, rounded as `h + (...).astype(h.dtype)` is."""
+    """Chunk c (CH values, float32) of the residual stream: base + the sum of the n_parts rows of the previous
+    kernel's partials, added in a fixed order and rounded as `h + (...).astype(h.dtype)` is."""
     x = base_ref[pl.ds(c * CH, CH)].astype(f32)
     if parts_ref is None:
         return x
-    tile = parts_ref[:, pl.ds(c * CH, CH)]  # [rows (a power of two), CH]; rows >= n_parts were never written
-    keep = jnp.arange(tile.shape[0])[:, None] < n_parts
-    return _round(x + _round(jnp.sum(jnp.where(keep, tile, 0.0), axis=0), dtype), dtype)
+    total, row = jnp.zeros((CH,), f32), 0
+    for bit in reversed(range(n_parts.bit_length())):  # rows in power-of-two blocks (48 = 32 + 16): Triton's
+        if n_parts >> bit & 1:  # loads are powers of two, and no row is read that was not written
+            total = total + jnp.sum(parts_ref[pl.ds(row, 1 << bit), pl.ds(c * CH, CH)], axis=0)
+            row += 1 << bit
+    return _round(x + _round(total, dtype), dtype)
 
 
 def _normed_pair(base_ref, parts_ref, n_parts: int, wn_ref, w_ref, col_a, col_b, width: int, H: int, eps: float,
@@ -342,10 +341,10 @@ def decode_step(model, layers, tok, position, cache: dict, cache_index, *, inter
         x, q, ks[i], vs[i] = _call(kern, outs, (Nq + 2 * Nkv,), interpret,
                                    aliases={len(ins) - 2: 2, len(ins) - 1: 3}, name="decode_qkv")(*ins)
         kern = functools.partial(_attn_kernel, H=H, D=D, G=Nq // Nkv, S=S, c=c, dtype=dtype)
-        attn = _call(kern, shape(_next_pow2(Nq), H), (Nq,), interpret, name="decode_attn")(
+        attn = _call(kern, shape(Nq, H), (Nq,), interpret, name="decode_attn")(
             idx, valid_i, q, ks[i], vs[i], lp["wo"])
         kern = functools.partial(_mlp_kernel, H=H, I=I, n_parts=Nq, eps=eps, dtype=dtype)
-        x, parts = _call(kern, (shape(H, dt=dtype), shape(_next_pow2(n_mlp), H)), (n_mlp,), interpret,
+        x, parts = _call(kern, (shape(H, dt=dtype), shape(n_mlp, H)), (n_mlp,), interpret,
                          name="decode_mlp")(x, attn, lp["mlp_norm"], lp["w_gate_up"], lp["w_down"])
         n_parts = n_mlp
         if n_mlp > MAX_PARTS or i == L - 1:  # summed once by one XLA fusion (see MAX_PARTS; the head's input)
