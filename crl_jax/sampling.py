@@ -271,7 +271,7 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
     pos = pos + start[:, None]
     layers = None
     block, straight = decode_plan(cfg, S, model.cfg.num_layers)
-    fused = fd.wanted(cfg.decode_kernel, model.cfg, B, S)
+    fused = fd.wanted(cfg.decode_kernel, model.cfg, B)
     straight = straight or fused  # the kernels take the per-layer weights and cache buffers
     if straight:
         # Sliced (and fused) once, here; the barrier keeps XLA from sinking the slices back into the decode loop,

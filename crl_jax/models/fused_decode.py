@@ -72,16 +72,15 @@ def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-def unsupported(cfg, batch: int, capacity: int) -> str | None:
-    """Why the fused step cannot run this model / batch / cache (None: it can)."""
+def unsupported(cfg, batch: int) -> str | None:
+    """Why the fused step cannot run this model / batch (None: it can)."""
     D = cfg.dim_head
     checks = [(batch == 1, f"batch {batch} (the kernels are for batch 1)"),
               (cfg.hidden_size % CH == 0, f"hidden_size {cfg.hidden_size} is not a multiple of {CH}"),
               (_pow2(D) and D >= 16, f"head dim {D} is not a power of two >= 16"),
               (cfg.intermediate_size % MLP_COLS == 0,
                f"intermediate_size {cfg.intermediate_size} is not a multiple of {MLP_COLS}"),
-              (cfg.vocab_size % VOCAB_COLS == 0, f"vocab_size {cfg.vocab_size} is not a multiple of {VOCAB_COLS}"),
-              (capacity >= 1, "an empty cache")]
+              (cfg.vocab_size % VOCAB_COLS == 0, f"vocab_size {cfg.vocab_size} is not a multiple of {VOCAB_COLS}")]
     bad = [why for ok, why in checks if not ok]
     return "; ".join(bad) or None
 
@@ -89,13 +88,13 @@ def unsupported(cfg, batch: int, capacity: int) -> str | None:
 KERNELS = ("xla", "pallas", "pallas_interpret")  # `SamplerConfig.decode_kernel`
 
 
-def wanted(kernel: str, cfg, batch: int, capacity: int) -> bool:
+def wanted(kernel: str, cfg, batch: int) -> bool:
     """Whether a sampler with `decode_kernel` = kernel runs its decode steps through `decode_step`: batch 1 only
-    (larger batches keep XLA's path); a model or cache the kernels cannot take is an error, as is "pallas" off a
+    (larger batches keep XLA's path); a model the kernels cannot take is an error, as is "pallas" off a
     CUDA GPU."""
     if kernel == "xla" or batch != 1:
         return False
-    why = unsupported(cfg, batch, capacity)
+    why = unsupported(cfg, batch)
     if why:
         raise ValueError(f"decode_kernel={kernel!r}: {why}; use decode_kernel='xla'")
     if kernel == "pallas" and jax.default_backend() != "gpu":
@@ -307,7 +306,7 @@ def decode_step(model, layers, tok, position, cache: dict, cache_index, *, inter
     H, D, I, V = cfg.hidden_size, cfg.dim_head, cfg.intermediate_size, cfg.vocab_size
     Nq, Nkv, L = cfg.num_heads, cfg.num_kv_heads, cfg.num_layers
     S = cache["valid"].shape[1]
-    why = unsupported(cfg, tok.shape[0], S)
+    why = unsupported(cfg, tok.shape[0])
     if why:
         raise ValueError(f"fused decode step: {why}")
     if not isinstance(cache["k"], (list, tuple)) or len(layers) != L or "wqkv" not in layers[0]:

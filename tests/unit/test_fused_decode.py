@@ -93,15 +93,15 @@ def test_sampler_with_the_kernels_gives_the_same_greedy_tokens():
 
 def test_batches_above_one_keep_the_xla_path_and_bad_shapes_are_errors():
     cfg = _model().cfg
-    assert fd.wanted("pallas_interpret", cfg, 1, 64) and not fd.wanted("pallas_interpret", cfg, 4, 64)
-    assert not fd.wanted("xla", cfg, 1, 64)
+    assert fd.wanted("pallas_interpret", cfg, 1) and not fd.wanted("pallas_interpret", cfg, 4)
+    assert not fd.wanted("xla", cfg, 1)
     with pytest.raises(ValueError, match="vocab_size 250 is not a multiple of 128"):
-        fd.wanted("pallas_interpret", cfg.replace(vocab_size=250), 1, 64)
+        fd.wanted("pallas_interpret", cfg.replace(vocab_size=250), 1)
     with pytest.raises(ValueError, match="head dim 24"):
-        fd.wanted("pallas_interpret", cfg.replace(head_dim=24), 1, 64)
+        fd.wanted("pallas_interpret", cfg.replace(head_dim=24), 1)
     if jax.default_backend() != "gpu":
         with pytest.raises(ValueError, match="CUDA GPU"):
-            fd.wanted("pallas", cfg, 1, 64)
+            fd.wanted("pallas", cfg, 1)
     with pytest.raises(ValueError, match="decode_kernel must be one of"):
         S.SamplerConfig(max_new_tokens=4, decode_kernel="triton")
 
