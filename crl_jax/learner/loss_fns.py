@@ -36,12 +36,12 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-from flax import struct
+from flax import nnx, struct
 
 from crl_jax import losses
 from crl_jax.actor.rollout import last_logits
-from crl_jax.learner.train_state import (ActorBatch, ExtractorBatch, LossFn, compact_token_logprobs,
-                                        token_logprobs)
+from crl_jax.learner.train_state import (ActorBatch, ExtractorBatch, LossFn, compact_token_logprobs, token_logprobs,
+                                        token_loss)
 from crl_jax.models import transformer as tr
 
 # ----------------------------------------------------------------------------------------------
@@ -55,6 +55,9 @@ class PPOLossConfig:
     aggregation: str = "seq_mean_token_mean"  # | "token_mean"
     kl_coef: float = 0.0  # k3 KL to ActorBatch.ref_logp; off, as in the paper
     entropy_metric: bool = True
+    # a transformer's vocabulary head takes the loss's gradient in its forward pass (`train_state.token_loss`:
+    # three vocabulary matmul passes, not four) when the loss is a sum of per-token terms (ratio "token")
+    fused_head: bool = True
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class CISPOLossConfig:
     eps_low: float = 0.1
     eps_high: float = 0.1
     entropy_metric: bool = True
+    fused_head: bool = True  # as PPOLossConfig.fused_head (CISPO is always a sum of per-token terms)
 
 
 def _trained_mask(batch):
@@ -77,19 +81,42 @@ def _logprobs(graphdef, params, tokens, mask, bound, with_entropy):
     return token_logprobs(graphdef, params, tokens, mask, with_entropy=with_entropy)
 
 
+def _has_head(graphdef, params) -> bool:
+    return hasattr(nnx.merge(graphdef, params), "unembed_matrix")
+
+
+def _row(x, like):
+    return jnp.broadcast_to(x.astype(jnp.float32)[:, None], like.shape)
+
+
 def actor_ppo_loss(cfg: PPOLossConfig = PPOLossConfig()) -> LossFn:
     """fn(graphdef, params, ActorBatch) -> (num, (den, metrics)) of `losses.ppo_clip_loss`. With the batch's static
     `trained_width` (the LLM backend sets it) the vocabulary head scores only the replies' tokens
-    (`compact_token_logprobs`); None: every position."""
+    (`compact_token_logprobs`); None: every position. With `cfg.fused_head` and ratio "token", a transformer's
+    numerator is summed token by token (`losses.ppo_token_terms`, `train_state.token_loss`); the denominator and
+    metrics come from `ppo_clip_loss_parts` on the same log-probs."""
+
+    def token_fn(lp, x):
+        return losses.ppo_token_terms(lp, x["behavior"], x["adv"], x["coef"], clip_eps=cfg.clip_eps,
+                                      ref_logp=x.get("ref"), kl_coef=cfg.kl_coef)
 
     def fn(graphdef, params, batch: ActorBatch):
         mask = _trained_mask(batch)
-        logp, ent = _logprobs(graphdef, params, batch.tokens, mask, batch.trained_width, cfg.entropy_metric)
+        fused = cfg.fused_head and cfg.ratio == "token" and _has_head(graphdef, params)
+        if fused:
+            coef = losses.row_coefficients(mask, batch.weight, cfg.aggregation)
+            aux = dict(behavior=batch.behavior_logp, adv=_row(batch.advantages, mask), coef=_row(coef, mask))
+            if batch.ref_logp is not None and cfg.kl_coef:
+                aux["ref"] = batch.ref_logp
+            total, logp, ent = token_loss(graphdef, params, batch.tokens, mask, token_fn, aux,
+                                          max_trained=batch.trained_width)
+        else:
+            logp, ent = _logprobs(graphdef, params, batch.tokens, mask, batch.trained_width, cfg.entropy_metric)
         num, den, metrics = losses.ppo_clip_loss_parts(
             logp, batch.behavior_logp, batch.advantages, mask, clip_eps=cfg.clip_eps, ratio=cfg.ratio,
-            aggregation=cfg.aggregation, sample_weight=batch.weight, entropy_t=ent,
+            aggregation=cfg.aggregation, sample_weight=batch.weight, entropy_t=ent if cfg.entropy_metric else None,
             ref_logp=batch.ref_logp, kl_coef=cfg.kl_coef)
-        return num, (den, metrics)
+        return (total if fused else num), (den, metrics)
 
     return fn
 
@@ -97,15 +124,26 @@ def actor_ppo_loss(cfg: PPOLossConfig = PPOLossConfig()) -> LossFn:
 def extractor_cispo_loss(cfg: CISPOLossConfig = CISPOLossConfig()) -> LossFn:
     """fn(graphdef, params, ExtractorBatch) -> (num, (den, metrics)) of `losses.cispo_loss`. With the batch's
     static `response_width` (set by `batches.extractor_batch`), the vocabulary head scores only the response
-    tokens (`compact_token_logprobs`); None: every position (the reference path)."""
+    tokens (`compact_token_logprobs`); None: every position (the reference path). With `cfg.fused_head`, a
+    transformer's numerator is summed token by token (`train_state.token_loss`)."""
+
+    def token_fn(lp, x):
+        log_r = lp - x["behavior"]
+        return losses.cispo_token_loss(lp, log_r, x["adv"], jnp.ones(lp.shape, bool), cfg.eps_low, cfg.eps_high)
 
     def fn(graphdef, params, batch: ExtractorBatch):
         mask = _trained_mask(batch)
-        logp, ent = _logprobs(graphdef, params, batch.tokens, mask, batch.response_width, cfg.entropy_metric)
+        fused = cfg.fused_head and _has_head(graphdef, params)
+        if fused:
+            aux = dict(behavior=batch.behavior_logp, adv=_row(batch.advantages, mask))
+            total, logp, ent = token_loss(graphdef, params, batch.tokens, mask, token_fn, aux,
+                                          max_trained=batch.response_width)
+        else:
+            logp, ent = _logprobs(graphdef, params, batch.tokens, mask, batch.response_width, cfg.entropy_metric)
         num, den, metrics = losses.cispo_loss_parts(
             logp, batch.behavior_logp, batch.advantages, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-            entropy_t=ent)
-        return num, (den, metrics)
+            entropy_t=ent if cfg.entropy_metric else None)
+        return (total if fused else num), (den, metrics)
 
     return fn
 

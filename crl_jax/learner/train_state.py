@@ -43,6 +43,7 @@ from flax import nnx, struct
 
 from crl_jax import losses
 from crl_jax.models import lora
+from crl_jax.models.head_loss import fused_token_loss
 from crl_jax.models.logprobs import chunked_logprobs
 
 _F32 = jnp.float32
@@ -147,6 +148,22 @@ def token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, *, with
     return logp, entropy
 
 
+def _trained_slots(mask: jax.Array, max_trained: int):
+    """Each row's trained positions (t >= 1, mask) in `max_trained` slots: (at [B, K] position, 1 in unused slots;
+    slot_valid [B, K]; keep [B, T] the positions that got a slot; rank [B, T] each one's slot)."""
+    B, T = mask.shape
+    K = int(max_trained)
+    t = jnp.arange(T)
+    valid = mask.astype(bool) & (t >= 1)[None, :]
+    rank = jnp.cumsum(valid, axis=1) - 1  # [B, T]: each trained position's slot
+    keep = valid & (rank < K)
+    rows = jnp.arange(B)[:, None]
+    pos = jnp.zeros((B, K), jnp.int32).at[rows, jnp.where(keep, rank, K)].set(  # unused slots stay 0
+        jnp.broadcast_to(t, (B, T)).astype(jnp.int32), mode="drop")
+    slot_valid = jnp.arange(K)[None, :] < jnp.minimum(valid.sum(1), K)[:, None]
+    return jnp.maximum(pos, 1), slot_valid, keep, rank
+
+
 def compact_token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, max_trained: int, *,
                            with_entropy: bool = False):
     """`token_logprobs` when no row has more than `max_trained` trained positions: the forward pass is the same
@@ -157,23 +174,44 @@ def compact_token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array,
     covers every row: `ExtractorBatch.response_width`, `ActorBatch.trained_width`)."""
     chex.assert_rank([tokens, mask], 2)
     chex.assert_equal_shape([tokens, mask])
-    B, T = tokens.shape
     K = int(max_trained)
     model = nnx.merge(graphdef, params)
-    t = jnp.arange(T)
-    valid = mask.astype(bool) & (t >= 1)[None, :]
-    rank = jnp.cumsum(valid, axis=1) - 1  # [B, T]: each trained position's slot
-    keep = valid & (rank < K)
-    rows = jnp.arange(B)[:, None]
-    pos = jnp.zeros((B, K), jnp.int32).at[rows, jnp.where(keep, rank, K)].set(  # unused slots stay 0
-        jnp.broadcast_to(t, (B, T)).astype(jnp.int32), mode="drop")
-    at = jnp.maximum(pos, 1)
+    at, _, keep, rank = _trained_slots(mask, K)
     h = model(tokens, return_hidden=True)
     hk = jnp.take_along_axis(h, (at - 1)[:, :, None], axis=1)  # [B, K, H]: the states that predict them
     lp, ent = chunked_logprobs(hk, model.unembed_matrix(), jnp.take_along_axis(tokens, at, axis=1).astype(jnp.int32),
                                with_entropy=with_entropy)
     back = lambda x: jnp.where(keep, jnp.take_along_axis(x, jnp.clip(rank, 0, K - 1), axis=1), 0.0)  # noqa: E731
     return back(lp), (back(ent) if with_entropy else None)
+
+
+def token_loss(graphdef, params, tokens: jax.Array, mask: jax.Array, token_fn, aux, *, max_trained: int | None = None):
+    """sum over trained tokens (mask, t >= 1) of token_fn(logp, aux) for a transformer, the head's gradient taken in
+    its forward pass (`head_loss.fused_token_loss`: three vocabulary matmul passes, not four). token_fn must be
+    elementwise over tokens; aux: a pytree of [B, T] arrays aligned with tokens. `max_trained`: as
+    `compact_token_logprobs` (the head over that many slots per row); None: every position.
+    Returns (total with gradients, logp [B, T], entropy [B, T]), the last two without gradient and 0 off the mask."""
+    chex.assert_rank([tokens, mask], 2)
+    chex.assert_equal_shape([tokens, mask])
+    B, T = tokens.shape
+    model = nnx.merge(graphdef, params)
+    h = model(tokens, return_hidden=True)
+    if max_trained is None or max_trained >= T - 1:  # every position t >= 1, predicted by h[t - 1]
+        hk, slot_valid = h[:, :-1], mask[:, 1:].astype(bool)
+        pick = lambda x: x[:, 1:]  # noqa: E731
+        trained = mask.astype(bool) & (jnp.arange(T) >= 1)
+        back = lambda x: jnp.where(trained, jnp.pad(x, ((0, 0), (1, 0))), 0.0)  # noqa: E731
+    else:
+        at, slot_valid, keep, rank = _trained_slots(mask, max_trained)
+        hk = jnp.take_along_axis(h, (at - 1)[:, :, None], axis=1)  # [B, K, H]
+        pick = lambda x: jnp.take_along_axis(x, at, axis=1)  # noqa: E731
+        slot = jnp.clip(rank, 0, at.shape[1] - 1)
+        back = lambda x: jnp.where(keep, jnp.take_along_axis(x, slot, axis=1), 0.0)  # noqa: E731
+    K = hk.shape[1]
+    flat = lambda x: x.reshape((B * K,) + x.shape[2:])  # noqa: E731
+    total, lp, ent = fused_token_loss(flat(hk), model.unembed_matrix(), flat(pick(tokens)), flat(slot_valid), token_fn,
+                                      jax.tree.map(lambda a: flat(pick(a)), aux))
+    return total, back(lp.reshape(B, K)), back(ent.reshape(B, K))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ The policy losses are built as rlax builds them, from separate small functions, 
 per-token terms (`log_ratio`, `sequence_log_ratio`, `ppo_clip_token_loss`, `cispo_token_loss`, `k3_kl`),
 aggregations to (numerator, denominator) (`seq_mean_token_mean`, `token_mean`) and diagnostics
 (`clip_fraction`, `ratio_mean`, `approx_kl`, `mean_entropy`); `ppo_clip_loss` and `cispo_loss` compose them.
+`row_coefficients` and `ppo_token_terms` write the PPO numerator as a sum of per-token terms, the form the
+learner's fused vocabulary head takes (`train_state.token_loss`).
 
 Split GRPO (paper Eq. 5) with the 1/2 weighting of the guided and free subgroups is expressed with
 per-sequence `sample_weight`s: `ppo_clip_loss` is a *weighted mean* over sequences (or tokens), so
@@ -26,5 +28,5 @@ from crl_jax.losses.policy import (  # noqa: F401
     log_ratio, sequence_log_ratio, ppo_clip_token_loss, cispo_token_loss, ppo_clipped, cispo_clipped, k3_kl,
     token_entropy, seq_mean_token_mean, token_mean, AGGREGATIONS, masked_mean, clip_fraction, ratio_mean,
     approx_kl, mean_entropy, policy_diagnostics, ppo_clip_loss_parts, ppo_clip_loss, cispo_loss_parts,
-    cispo_loss,
+    cispo_loss, row_coefficients, ppo_token_terms,
 )

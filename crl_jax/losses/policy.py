@@ -144,6 +144,23 @@ def token_mean(loss_t: jax.Array, mask: jax.Array, weight: jax.Array | None = No
 AGGREGATIONS = {"seq_mean_token_mean": seq_mean_token_mean, "token_mean": token_mean}
 
 
+def row_coefficients(mask: jax.Array, weight: jax.Array | None, aggregation: str) -> jax.Array:
+    """Per-sequence c_b with num = sum_b c_b sum_t l_bt for the aggregation's numerator (both are linear in l):
+
+    seq_mean_token_mean: c_b = w_b / n_b (0 when n_b = 0);   token_mean: c_b = w_b;   w = 1 when weight is None.
+    So a loss that is a sum of per-token terms c_b l_bt can be scored token by token
+    (`train_state.token_loss`). mask [B, T], weight [B] -> [B] float32.
+    """
+    chex.assert_rank(mask, 2)
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be 'seq_mean_token_mean' or 'token_mean', got {aggregation!r}")
+    w = jnp.ones(mask.shape[:1], _F32) if weight is None else weight.astype(_F32)
+    chex.assert_shape(w, mask.shape[:1])
+    if aggregation == "token_mean":
+        return w
+    return _safe_div(w, mask.astype(_F32).sum(-1))
+
+
 # ----------------------------------------------------------------------------------------------
 # Diagnostics: means over the valid tokens, no gradient.
 
@@ -228,6 +245,22 @@ def ppo_clip_loss_parts(logp, behavior_logp, advantages, mask, *, clip_eps: floa
     if ref_logp is not None:
         metrics["kl_ref"] = _safe_div(jax.lax.stop_gradient(k3_kl(logp, ref_logp, mask)).sum(), m.sum())
     return num, den, metrics
+
+
+def ppo_token_terms(logp, behavior_logp, advantages, coef, *, clip_eps: float = 0.2, ref_logp=None,
+                    kl_coef: float = 0.0):
+    """Each valid token's share of `ppo_clip_loss_parts`' numerator with ratio="token", elementwise:
+
+    c * (ppo_clip_token_loss(logp - behavior_logp, A) + kl_coef * k3(logp, ref_logp))
+    with c the row's `row_coefficients` (summed over a batch's valid tokens, this is that numerator; tested).
+    All arguments the same shape (broadcast per-row values to it) -> float32.
+    """
+    chex.assert_equal_shape([logp, behavior_logp, advantages, coef])
+    lp = logp.astype(_F32)
+    per_tok = ppo_clip_token_loss(lp - behavior_logp.astype(_F32), advantages.astype(_F32), clip_eps)
+    if ref_logp is not None and kl_coef:
+        per_tok = per_tok + kl_coef * k3_kl(lp, ref_logp, jnp.ones(lp.shape, bool))
+    return coef.astype(_F32) * per_tok
 
 
 def ppo_clip_loss(logp, behavior_logp, advantages, mask, *, clip_eps: float = 0.2, ratio: str = "token",

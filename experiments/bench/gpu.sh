@@ -15,8 +15,9 @@
 #                  the GPU decode plan vs the CPU one (same greedy tokens), the fused decode kernels vs XLA's step
 #   sampler        SmolLM2-135M shape (random weights), bf16, decode at batch 256 and batch-1 step time
 #   sampler_pallas the same batch-1 step with the fused Pallas / Triton decode kernels (models/fused_decode.py)
-#   train_mfu      Qwen2.5-0.5B shape training step MFU: vocabulary-tiled vs full-logits log-probs, and the tiled
-#                  one with cuDNN flash attention (attn_impl="cudnn"), with and without its causal tile skipping
+#   train_mfu      Qwen2.5-0.5B shape training step MFU: vocabulary-tiled vs full-logits log-probs, the tiled
+#                  one with cuDNN flash attention (attn_impl="cudnn"), and that with the head's gradient taken in
+#                  its forward pass (cudnn_fused: train_state.token_loss, the actor / extractor losses' default)
 #   iteration      CRL vs GRPO iteration of the embedded default, and 8 vmapped seeds vs 1 (sweep.vmapped_chunk);
 #                  on a fresh machine it may first train the tiny prior (cached afterwards; see crl_jax/learner/pretrain.py)
 #   decode_cache   the same shape: old sampler vs in-place cache vs live-length attention, each also with the
@@ -35,8 +36,9 @@
 #   buffers (CUDA graphs) extended to while loops and conditionals (launch overhead); explore_head_qwen(_big) =
 #   the vocabulary-tiled log-prob head alone at the Qwen2.5-0.5B shape (B 8 x T 2048, H 896, V 151,936), default
 #   and larger tiles; explore_mfu_noremat = train_mfu's cuDNN variant without remat; explore_mfu_dots = with remat
-#   keeping the projection matmuls' outputs (remat_policy="dots"); explore_mfu_cublas = the same with full remat and
-#   every matmul on cuBLAS (XLA's Triton GEMM fusions off)
+#   keeping the projection matmuls' outputs (remat_policy="dots"), without and with the fused head;
+#   explore_mfu_cublas = the fused-head variant with full remat and every matmul on cuBLAS (XLA's Triton GEMM
+#   fusions off)
 # Targets (issue #16): decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
 set -u
 cd "$(dirname "$0")/../.."
@@ -99,7 +101,7 @@ elif [ "$SMOKE" = 1 ]; then  # generous limits: they only catch hangs (a loaded 
   step sampler_pallas 150 sampler.py --model tiny --batches 1 --prompt-len 8 --new-tokens 4 --reps 1 \
     --decode-kernel pallas_interpret
   step decode_cache 150 decode_cache.py --smoke
-  step train_mfu 150 train_mfu.py --smoke --variants chunked,full
+  step train_mfu 150 train_mfu.py --smoke --variants chunked,full,fused
   step logprob_memory 150 logprob_memory.py --smoke --time 1
   step decode_hlo 150 decode_hlo.py --smoke
   step gpu_profile 150 gpu_profile.py --smoke --what decode,decode_pallas,train
@@ -115,7 +117,7 @@ else
   step sampler_pallas 100 sampler.py --model smollm2-shape --batches 1 --prompt-len 128 --new-tokens 128 \
     --dtype bfloat16 --reps 3 --decode-kernel pallas
   step train_mfu 130 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 \
-    --variants chunked,full,cudnn,cudnn_fullmask
+    --variants chunked,full,cudnn,cudnn_fused
   step iteration 200 iteration.py --steps 3 --seeds 8 --reps 2 --warmup 6  # warmed up: the extractor trains
   step decode_cache 110 decode_cache.py --model smollm2-shape --batches 1,256 --prompt-len 128 --new-tokens 128 \
     --block 128 --dtype bfloat16 --reps 3 \
@@ -140,10 +142,10 @@ else
       --dtype bfloat16 --time 3 --token-chunk 4096 --vocab-chunk 32768
     step explore_mfu_noremat 70 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
       --variants cudnn
-    step explore_mfu_dots 70 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat-policy dots \
-      --variants cudnn
+    step explore_mfu_dots 100 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat-policy dots \
+      --variants cudnn,cudnn_fused
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" step explore_mfu_cublas 70 train_mfu.py \
-      --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --variants cudnn
+      --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --variants cudnn_fused
   fi
   # [llm] (issue #17): SmolLM2 CRL vs GRPO on the lit room (experiments/llm_gpu_run.sh), only when
   # LLM_BUDGET_S > 0 — the benchmarks above take most of the 8 minutes, so on a 10-minute device call

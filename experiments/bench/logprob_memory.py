@@ -6,8 +6,9 @@
 
 For each variant, `jax.jit(value_and_grad(loss)).lower(...).compile().memory_analysis()` of
 loss = -sum_t logp_t over random hidden states h [B, T, H] and an unembedding w [H, V] (the head of the
-loss, where the [B, T, V] buffers live); both variants are compiled in this process, nothing is run
-unless --time is given. `--model` also compiles a whole `train_state.token_logprobs` gradient of a
+loss, where the [B, T, V] buffers live), and of the fused head (`head_loss.fused_token_loss`: the gradient
+taken in the forward pass, three vocabulary matmuls instead of four); all variants are compiled in this process,
+nothing is run unless --time is given. `--model` also compiles a whole `train_state.token_logprobs` gradient of a
 2-layer transformer with the same V and T, library (chunked) vs the old full-logits function below.
 """
 
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from crl_jax.learner import train_state as ts
+from crl_jax.models import head_loss as HL
 from crl_jax.models import logprobs as LP
 from crl_jax.models import transformer as tr
 
@@ -56,8 +58,12 @@ def head_variants(B, T, H, V, dtype, token_chunk, vocab_chunk):
     def loss_chunk(h, w, t):
         return -LP.chunked_logprobs(h, w, t, token_chunk=token_chunk, vocab_chunk=vocab_chunk)[0].sum()
 
+    def loss_fused(h, w, t):  # the head's gradient in its forward pass (the learner's default, head_loss.py)
+        hf, tf = h.reshape(-1, h.shape[-1]), t.reshape(-1)
+        return HL.fused_token_loss(hf, w, tf, jnp.ones(tf.shape, bool), lambda lp, aux: -lp, {})[0]
+
     out = {}
-    for name, f in (("full", loss_full), ("chunked", loss_chunk)):
+    for name, f in (("full", loss_full), ("chunked", loss_chunk), ("fused", loss_fused)):
         fn = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))
         t0 = time.perf_counter()
         comp = fn.lower(h, w, tgt).compile()
@@ -109,12 +115,12 @@ def main(argv=None):
     row = dict(batch=a.batch, seq=a.seq, hidden=a.hidden, vocab=a.vocab, dtype=a.dtype, token_chunk=a.token_chunk,
                vocab_chunk=a.vocab_chunk, one_f32_logits_buffer_bytes=full_logits_bytes,
                device=str(jax.devices()[0].device_kind))
-    for k in ("full", "chunked"):
+    for k in ("full", "chunked", "fused"):
         row[f"head_{k}"] = {kk: v for kk, v in head[k].items() if kk != "fn"}
     tf, tc = head["full"]["temp"], head["chunked"]["temp"]
     row["head_temp_ratio"] = tc / tf if tf else None
     print(f"| variant | temp MiB | args MiB | out MiB | compile s |\n|---|---|---|---|---|")
-    for k in ("full", "chunked"):
+    for k in ("full", "chunked", "fused"):
         r = head[k]
         print(f"| head {k} | {r['temp'] / 2**20:,.1f} | {r['argument'] / 2**20:,.1f} | {r['output'] / 2**20:,.1f} "
               f"| {r['compile_s']:.1f} |")
@@ -125,7 +131,7 @@ def main(argv=None):
         h = jax.random.normal(key[0], args[0].shape, dt)
         w = (0.02 * jax.random.normal(key[1], args[1].shape)).astype(dt)
         t = jax.random.randint(key[2], args[2].shape, 0, a.vocab)
-        times = {k: [] for k in ("full", "chunked")}
+        times = {k: [] for k in ("full", "chunked", "fused")}
         for k in times:
             jax.block_until_ready(head[k]["fn"](h, w, t))
         for _ in range(a.time):  # interleaved, so load changes hit both variants alike
@@ -136,8 +142,12 @@ def main(argv=None):
         ratios = sorted(c / f for c, f in zip(times["chunked"], times["full"]))
         row["time_s"] = {k: statistics.median(v) for k, v in times.items()}
         row["time_ratio_min_med_max"] = [ratios[0], statistics.median(ratios), ratios[-1]]
-        print(f"value+grad s: full {row['time_s']['full']:.3f}, chunked {row['time_s']['chunked']:.3f}; chunked/full "
-              f"min/median/max {ratios[0]:.2f} / {statistics.median(ratios):.2f} / {ratios[-1]:.2f}")
+        fr = sorted(x / c for x, c in zip(times["fused"], times["chunked"]))
+        row["fused_over_chunked_time_min_med_max"] = [fr[0], statistics.median(fr), fr[-1]]
+        print(f"value+grad s: full {row['time_s']['full']:.3f}, chunked {row['time_s']['chunked']:.3f}, fused "
+              f"{row['time_s']['fused']:.3f}; chunked/full min/median/max {ratios[0]:.2f} / "
+              f"{statistics.median(ratios):.2f} / {ratios[-1]:.2f}; fused/chunked {fr[0]:.2f} / "
+              f"{statistics.median(fr):.2f} / {fr[-1]:.2f}")
     if a.model:
         mv = model_variants(a.batch, a.seq, a.vocab, dt)
         row["model"] = mv

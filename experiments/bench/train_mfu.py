@@ -6,10 +6,11 @@ One step = forward + backward of the token log-prob loss + AdamW, bf16 parameter
 block. `--variants chunked,full,cudnn` measures the library's vocabulary-tiled `train_state.token_logprobs`
 and the full-logits version it replaced (#16), both with einsum attention, and the tiled one with cuDNN
 flash attention (`TransformerConfig.attn_impl="cudnn"`, GPU only; `cudnn_fullmask`: the same without
-`is_causal`, so the kernel also computes the tiles above the diagonal) in one process; each variant's row is
-printed when done. MFU = model FLOPs / time / peak, with model FLOPs = 6 * (non-embedding params +
-unembedding) * tokens + 6 * L * T * H_attn * tokens (causal attention counted at half). Peak defaults to the
-H200's 989 TFLOP/s dense bf16.
+`is_causal`, so the kernel also computes the tiles above the diagonal; `fused` / `cudnn_fused`: the loss through
+`train_state.token_loss`, the head's gradient taken in its forward pass, three vocabulary matmuls, not four)
+in one process; each variant's row is printed when done. MFU = model FLOPs / time / peak, with model
+FLOPs = 6 * (non-embedding params + unembedding) * tokens + 6 * L * T * H_attn * tokens (causal attention
+counted at half). Peak defaults to the H200's 989 TFLOP/s dense bf16.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def measure(cfg, variant: str, a) -> dict:
     mask = jnp.ones((a.batch, a.seq), bool)
 
     def loss_fn(gd, params, batch):
+        if variant.endswith("fused"):  # the head's gradient in its forward pass (`train_state.token_loss`)
+            total, _, _ = ts.token_loss(gd, params, batch, mask, lambda lp, aux: -lp, {})
+            return total, (jnp.float32(a.batch * (a.seq - 1)), {})
         if variant == "full":
             logp = old_token_logprobs(gd, params, batch, mask)
         else:
@@ -100,7 +104,8 @@ def main(argv=None):
     p.add_argument("--remat-policy", default="nothing", help="TransformerConfig.remat_policy: nothing | dots")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--peak", type=float, default=989e12)
-    p.add_argument("--variants", default="chunked", help="comma list of chunked (library) and full (before #16)")
+    p.add_argument("--variants", default="chunked",
+                   help="comma list of chunked, full (before #16), cudnn, cudnn_fullmask, fused, cudnn_fused")
     p.add_argument("--smoke", action="store_true", help="tiny model, batch 2, seq 64, 1 rep (CPU)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -119,9 +124,9 @@ def main(argv=None):
         print(json.dumps(rows[-1]), flush=True)
     out = dict(rows=rows)
     by = {r["variant"]: r for r in rows if "step_s" in r}
-    for v in ("full", "cudnn"):
-        if v in by and "chunked" in by:
-            out[f"{v}_over_chunked_step_s"] = by[v]["step_s"] / by["chunked"]["step_s"]
+    for v, base in (("full", "chunked"), ("cudnn", "chunked"), ("fused", "chunked"), ("cudnn_fused", "cudnn")):
+        if v in by and base in by:
+            out[f"{v}_over_{base}_step_s"] = by[v]["step_s"] / by[base]["step_s"]
     print(json.dumps(out, indent=2))
     if a.json:
         with open(a.json, "w") as f:

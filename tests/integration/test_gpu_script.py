@@ -34,6 +34,7 @@ def test_gpu_script_smoke(tmp_path):
     # vocabulary-tiled and full-logits training steps reach the same loss from the same start
     rows = {r["variant"]: r for r in steps["train_mfu"]["result"]["rows"]}
     assert abs(rows["chunked"]["loss"] - rows["full"]["loss"]) < 1e-3 * abs(rows["full"]["loss"])
+    assert abs(rows["fused"]["loss"] - rows["full"]["loss"]) < 1e-3 * abs(rows["full"]["loss"])  # head grad in fwd
     assert steps["logprob_memory"]["result"]["head_temp_ratio"] <= 0.125
     # the LLM losses with the head over the trained tokens only equal the full-sequence ones
     assert [r["loss"] for r in steps["llm_head"]["result"]] == ["extractor", "actor"]

@@ -118,6 +118,12 @@ def test_llm_cispo_head_over_the_window_equals_the_full_sequence(jit):
     w, f = vg(params, eb), vg(params, eb.replace(response_width=None))
     assert float(w[0][1][0]) == 11 and np.isfinite(float(w[0][0]))
     _assert_trees_close(w, f)
+    # the head's gradient taken in its forward pass (the default, `train_state.token_loss`) against the general
+    # path (`compact_token_logprobs` / `chunked_logprobs` under the loss)
+    fn = extractor_cispo_loss(CISPOLossConfig(eps_low=0.2, eps_high=0.1, fused_head=False))
+    general = wrap(jax.value_and_grad(lambda p, b: loss(p, b), has_aux=True))  # a new function: no cached trace
+    _assert_trees_close(w, general(params, eb))
+    _assert_trees_close(w, general(params, eb.replace(response_width=None)))
     narrow = ts.compact_token_logprobs(gd, params, eb.tokens, mask, 3)[0]
     assert int((np.asarray(narrow) != 0).sum()) == 3 + 2 + 0 + 3  # rows 0 and 3 lose their last tokens
 
@@ -148,6 +154,15 @@ def test_llm_actor_ppo_head_over_the_replies_equals_the_full_sequence():
     c, f = vg(params, ab), vg(params, ab.replace(trained_width=None))
     assert float(c[0][1][0]) > 0 and np.isfinite(float(c[0][0]))
     _assert_trees_close(c, f)
+    # fused head (the default) against the general path, over the replies and over every position, both
+    # aggregations (row weights unequal)
+    for agg in ("seq_mean_token_mean", "token_mean"):
+        b = ab.replace(weight=jnp.array([0.5, 2.0, 1.0]))
+        for width in (9, None):
+            fn = actor_ppo_loss(PPOLossConfig(kl_coef=0.05, aggregation=agg))
+            fused = jax.value_and_grad(loss, has_aux=True)(params, b.replace(trained_width=width))
+            fn = actor_ppo_loss(PPOLossConfig(kl_coef=0.05, aggregation=agg, fused_head=False))
+            _assert_trees_close(fused, jax.value_and_grad(loss, has_aux=True)(params, b.replace(trained_width=width)))
     lp = ts.compact_token_logprobs(gd, params, toks, mask, 9)[0]
     assert int((np.asarray(lp) != 0).sum()) == 13  # 9 + 4: every reply token scored, nothing else
     assert int((np.asarray(ts.compact_token_logprobs(gd, params, toks, mask, 4)[0]) != 0).sum()) == 4 + 4
