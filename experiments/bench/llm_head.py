@@ -8,11 +8,13 @@
   (`loss_fns.extractor_cispo_loss`, bound `ExtractorBatch.response_width`).
 - actor: a row is a whole conversation of T = P + turns * R tokens whose `turns` replies of R tokens each close
   their turn's segment (`loss_fns.actor_ppo_loss`, bound `ActorBatch.trained_width`).
-Both variants run the same forward pass (`model(tokens, return_hidden=True)`); `full` scores every position
-with the vocabulary head (`train_state.token_logprobs`), `compact` only the trained tokens
-(`train_state.compact_token_logprobs`, what the losses use when the batch carries its bound). Timed:
-`jit(value_and_grad(loss))`, the two variants in turn per repeat (ratio per repeat, min / median / max), plus
-each program's compiled temporary memory.
+All variants run the same forward pass (`model(tokens, return_hidden=True)`); `full` scores every position
+with the vocabulary head, `compact` only the trained tokens (what the losses do when the batch carries its
+bound), both with the head's gradient taken in its forward pass (`train_state.token_loss`, the losses'
+default); `compact_general` is `compact` through the general path (`fused_head=False`:
+`compact_token_logprobs`, four vocabulary matmuls). Timed: `jit(value_and_grad(loss))`, the variants in turn
+per repeat (ratios per repeat, min / median / max: full / compact, general / fused), plus each program's
+compiled temporary memory.
 """
 
 from __future__ import annotations
@@ -50,29 +52,36 @@ def batches(loss: str, B: int, P: int, R: int, turns: int, vocab: int):
 def measure(loss: str, cfg, a) -> dict:
     gd, params = tr.split(tr.create(cfg, jax.random.key(0)))
     full, compact = batches(loss, a.batch, a.prompt_len, a.reply_len, a.turns, cfg.vocab_size)
-    fn = extractor_cispo_loss(CISPOLossConfig()) if loss == "extractor" else actor_ppo_loss(PPOLossConfig())
 
-    def value(pa, b):
-        num, (den, _) = fn(gd, pa, b)
-        return num / den
+    def value_and_grad(fused: bool):
+        fn = (extractor_cispo_loss(CISPOLossConfig(fused_head=fused)) if loss == "extractor"
+              else actor_ppo_loss(PPOLossConfig(fused_head=fused)))
 
-    vg = jax.jit(jax.value_and_grad(value))
-    variants = {"full": full, "compact": compact}
+        def value(pa, b):
+            num, (den, _) = fn(gd, pa, b)
+            return num / den
+
+        return jax.jit(jax.value_and_grad(value))
+
+    vg, vg_general = value_and_grad(True), value_and_grad(False)
+    variants = {"full": (vg, full), "compact": (vg, compact), "compact_general": (vg_general, compact)}
     row = dict(loss=loss, batch=a.batch, seq=int(full.tokens.shape[1]), trained=int(full.loss_mask[0].sum()),
                dtype=a.dtype, device=str(jax.devices()[0].device_kind))
-    for k, b in variants.items():
-        row[f"{k}_temp_mib"] = vg.lower(params, b).compile().memory_analysis().temp_size_in_bytes / 2**20
-    vals = {k: float(jax.block_until_ready(vg(params, b))[0]) for k, b in variants.items()}  # compile + warm
-    row["loss_rel_diff"] = abs(vals["compact"] - vals["full"]) / max(abs(vals["full"]), 1e-12)
+    for k, (f, b) in variants.items():
+        row[f"{k}_temp_mib"] = f.lower(params, b).compile().memory_analysis().temp_size_in_bytes / 2**20
+    vals = {k: float(jax.block_until_ready(f(params, b))[0]) for k, (f, b) in variants.items()}  # compile + warm
+    row["loss_rel_diff"] = max(abs(vals[k] - vals["full"]) for k in vals) / max(abs(vals["full"]), 1e-12)
     times = {k: [] for k in variants}
     for _ in range(a.reps):
-        for k, b in variants.items():
+        for k, (f, b) in variants.items():
             t0 = time.perf_counter()
-            jax.block_until_ready(vg(params, b))
+            jax.block_until_ready(f(params, b))
             times[k].append(time.perf_counter() - t0)
     r = sorted(f / c for f, c in zip(times["full"], times["compact"]))
+    g = sorted(x / c for x, c in zip(times["compact_general"], times["compact"]))
     row.update({f"{k}_s": statistics.median(v) for k, v in times.items()},
-               full_over_compact=[r[0], statistics.median(r), r[-1]])
+               full_over_compact=[r[0], statistics.median(r), r[-1]],
+               general_over_fused=[g[0], statistics.median(g), g[-1]])
     print(json.dumps(row), flush=True)
     return row
 
