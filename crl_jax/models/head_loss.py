@@ -40,12 +40,15 @@ def _chunk(h_r, tgt_r, valid_r, aux_r, w, token_fn, temperature: float):
     """One chunk of rows -> (sum of f, logp [r], entropy [r], dh [r, H] float32, dw [H, V] float32)."""
     mm = jnp.promote_types(h_r.dtype, w.dtype)
     z = _logits(h_r, w, temperature)  # [r, V] float32
-    lse = jax.nn.logsumexp(z, axis=-1)
+    m = z.max(-1)
+    e = jnp.exp(z - m[:, None])  # not kept: the two sums below read it in one pass (XLA fuses them)
+    s, t = e.sum(-1), (e * z).sum(-1)
+    lse = m + jnp.log(s)
+    ent = lse - t / s
     logp = jnp.take_along_axis(z, tgt_r[:, None], axis=-1)[:, 0] - lse
     vals, vjp = jax.vjp(lambda lp: jnp.where(valid_r, token_fn(lp, aux_r), 0.0), logp)
     (g,) = vjp(jnp.ones_like(vals))
     p = jnp.exp(z - lse[:, None])
-    ent = lse - (p * z).sum(-1)
     onehot = (jnp.arange(z.shape[1])[None, :] == tgt_r[:, None]).astype(_F32)
     dz = (g[:, None] * (onehot - p)) if temperature == 1.0 else (g[:, None] * (onehot - p)) / temperature
     # the chunk's cotangent goes into the matmuls in the inputs' precision (bf16 on a GPU), float32 accumulation,
