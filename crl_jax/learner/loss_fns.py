@@ -9,6 +9,8 @@ Full-sequence (the LLM path; `ActorBatch` / `ExtractorBatch` of `train_state`): 
 `extractor_cispo_loss(cfg)` score every response token under the model's full-vocabulary distribution
 (`train_state.token_logprobs`; with the batch's static bound on trained tokens, `ActorBatch.trained_width` /
 `ExtractorBatch.response_width`, the vocabulary head runs over those tokens only, `compact_token_logprobs`).
+Both losses are sums of per-token terms (PPO with ratio "token"), so by default (`fused_head`) a transformer's
+head computes their gradient in its forward pass (`train_state.token_loss`: three vocabulary matmuls, not four).
 
 Constrained-vocabulary (the tiny path; `TurnBatch`, and `ExtractorBatch`): `actor_turn_loss`,
 `extractor_constrained_loss`. There the actor samples its action from the softmax over the action
