@@ -17,8 +17,12 @@ their known trip counts:
   operand counted at most at the update's size), one that slices counts each operand at most at its result's
   size (estimates, not measurements).
 and a floor for the step: matmul FLOPs at `--peak` plus the other kernels' bytes at `--bandwidth`. The top
-memory kernels are printed with the JAX operation they came from. What: `train` = `train_mfu.py`'s step at the
-Qwen2.5-0.5B shape (variants chunked / fused head, `--remat-policy`, `--attn`).
+memory kernels are printed with the JAX operation they came from. What:
+- `train`: `train_mfu.py`'s step at the Qwen2.5-0.5B shape (variants chunked / fused head, `--remat-policy`,
+  `--attn`);
+- `decode`: `sampling.generate` at the SmolLM2-135M shape (variants: `decode_kernel` xla / pallas; `--batch`,
+  `--seq` = prompt, `--new-tokens`): the kernel launches per decode step, by kind (the Pallas kernels are compiled
+  by XLA's own Triton for sm_90 here, so this also checks that they build).
 """
 
 from __future__ import annotations
@@ -206,9 +210,8 @@ def train_program(variant: str, a):
     from crl_jax.models import transformer as tr
     from crl_jax.models.presets import preset_config
 
-    if a.attn == "cudnn":  # the library refuses cuDNN off a GPU; here the target is one
-        attention.jax = type("_GpuJax", (), {"__getattr__": lambda self, n: getattr(jax, n),
-                                             "default_backend": staticmethod(lambda: "gpu")})()
+    if a.attn == "cudnn":
+        _as_gpu(attention)
     cfg = preset_config("qwen2.5-0.5b", param_dtype="bfloat16", remat=bool(a.remat), remat_policy=a.remat_policy,
                         attn_impl=a.attn)
     B, T = a.batch, a.seq
@@ -230,10 +233,43 @@ def train_program(variant: str, a):
     return step.lower(state, toks).compile()
 
 
+def _as_gpu(module):
+    """The library refuses the GPU-only paths off a GPU; here the compile target is one."""
+    module.jax = type("_GpuJax", (), {"__getattr__": lambda self, n: getattr(jax, n),
+                                      "default_backend": staticmethod(lambda: "gpu")})()
+
+
+def decode_program(kernel: str, a):
+    """`sampling.generate` at the SmolLM2-135M shape, bf16, batch `a.batch`, prompt `a.seq`, `a.new_tokens` new
+    tokens, temperature 1, with `decode_kernel` = kernel."""
+    from flax import nnx
+
+    from crl_jax import sampling
+    from crl_jax.models import fused_decode
+    from crl_jax.models import transformer as tr
+    from crl_jax.models.presets import preset_config
+
+    _as_gpu(sampling)
+    _as_gpu(fused_decode)
+    rep = h200_sharding()
+    cfg = preset_config("smollm2-135m", param_dtype="bfloat16")
+    gd, params = tr.split(nnx.eval_shape(lambda: tr.create(cfg, jax.random.key(0))))
+    put = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)  # noqa: E731
+
+    def gen(params, prompt, plen, key):
+        return sampling.generate((gd, params), prompt, plen, key, max_new_tokens=a.new_tokens, temperature=1.0,
+                                 decode_kernel=kernel)
+
+    args = (jax.tree.map(put, params), put(jax.ShapeDtypeStruct((a.batch, a.seq), jnp.int32)),
+            put(jax.ShapeDtypeStruct((a.batch,), jnp.int32)), put(jax.ShapeDtypeStruct((), jax.random.key(0).dtype)))
+    return jax.jit(gen).lower(*args).compile()
+
+
 def main(argv=None):
     p = argparse.ArgumentParser()
-    p.add_argument("--what", default="train")
+    p.add_argument("--what", default="train", help="train (variants: chunked, fused) | decode (variants: xla, pallas)")
     p.add_argument("--variants", default="chunked,fused")
+    p.add_argument("--new-tokens", type=int, default=128, help="decode: tokens generated")
     p.add_argument("--attn", default="cudnn")
     p.add_argument("--remat", type=int, default=1)
     p.add_argument("--remat-policy", default="nothing")
@@ -247,6 +283,20 @@ def main(argv=None):
     a = p.parse_args(argv)
     rows = []
     for v in a.variants.split(","):
+        if a.what == "decode":
+            ks = kernels(decode_program(v, a).as_text())
+            loop = [k for k in ks if k["trips"] > 1]
+            steps = max((k["trips"] for k in loop), default=1)
+            kinds = defaultdict(int)
+            for k in loop:
+                kinds[re.sub(r"[._]\d+$", "", k["name"])] += k["trips"] // steps
+            row = dict(variant=v, batch=a.batch, prompt=a.seq, new_tokens=a.new_tokens, decode_steps=steps,
+                       launches_per_step=sum(k["trips"] for k in loop) / steps,
+                       kernels_per_step=dict(sorted(kinds.items(), key=lambda kv: -kv[1])))
+            rows.append(row)
+            print(f"== decode_kernel={v}, B {a.batch}: {row['launches_per_step']:.0f} launches per decode step "
+                  f"({steps} steps); {row['kernels_per_step']}", flush=True)
+            continue
         comp = train_program(v, a)
         text = comp.as_text()
         if a.dump:
