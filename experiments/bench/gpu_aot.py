@@ -1,9 +1,12 @@
 """What XLA makes of a program for an H200, without an H200: deviceless compilation and a static cost table.
 
-    python experiments/bench/gpu_aot.py --what train --variants chunked,fused --json OUT   (in the cudaaot venv)
+    python -m venv --system-site-packages /work/venvs/cudaaot
+    /work/venvs/cudaaot/bin/pip install "jax-cuda12-plugin[with-cuda]==$(python -c 'import jax; print(jax.__version__)')"
+    /work/venvs/cudaaot/bin/python experiments/bench/gpu_aot.py --what train --variants chunked,fused --json OUT
+    /work/venvs/cudaaot/bin/python experiments/bench/gpu_aot.py --what decode --variants xla,pallas --batch 1
 
-Needs jax's CUDA plugin (`pip install "jax-cuda12-plugin[with-cuda]==<jax version>"`, in a venv of its own
-with --system-site-packages; ~5 GB) but no GPU: the script sets JAX_SKIP_CUDA_CONSTRAINTS_CHECK and
+Needs jax's CUDA plugin (in a venv of its own, as above: ~5 GB, so the main environment stays CPU-only) but no
+GPU: the script sets JAX_SKIP_CUDA_CONSTRAINTS_CHECK and
 JAX_PLATFORMS=cpu, builds a one-device CUDA topology from an H200 description (`H200_TARGET` below: 132 SMs,
 4.8 TB/s, compute capability 9.0) and compiles for it (`jax.experimental.topologies`). Without a device XLA
 does not autotune, so its GEMM choices are heuristic; the fusion structure is XLA's own.
@@ -13,16 +16,16 @@ their known trip counts:
 - matmuls (cuBLAS custom calls and Triton GEMM fusions): FLOPs from the dot's shapes;
 - attention (cuDNN custom calls);
 - everything else (elementwise, reductions, copies, dynamic updates): bytes read and written, from the operand
-  and result shapes; a kernel with a dynamic-update-slice is taken as in place (the update read and written, each other
-  operand counted at most at the update's size), one that slices counts each operand at most at its result's
-  size (estimates, not measurements).
+  and result shapes; a kernel with a dynamic-update-slice is taken as in place (the update read and written,
+  each other operand counted at most at the update's size), one that slices counts each operand at most at its
+  result's size (estimates, not measurements).
 and a floor for the step: matmul FLOPs at `--peak` plus the other kernels' bytes at `--bandwidth`. The top
 memory kernels are printed with the JAX operation they came from. What:
 - `train`: `train_mfu.py`'s step at the Qwen2.5-0.5B shape (variants chunked / fused head, `--remat-policy`,
   `--attn`);
 - `decode`: `sampling.generate` at the SmolLM2-135M shape (variants: `decode_kernel` xla / pallas; `--batch`,
-  `--seq` = prompt, `--new-tokens`): the kernel launches per decode step, by kind (the Pallas kernels are compiled
-  by XLA's own Triton for sm_90 here, so this also checks that they build).
+  `--seq` = prompt, `--new-tokens`): the kernel launches per decode step, by kind (the Pallas kernels are
+  compiled by XLA's own Triton for sm_90 here, so this also checks that they build).
 """
 
 from __future__ import annotations
