@@ -42,7 +42,7 @@ from flax import nnx
 from crl_jax.models.attention import attend_live, dense_attention
 from crl_jax.models.layers import apply_rope, rms_norm, rope_inv_freq  # noqa: F401  (re-exported)
 from crl_jax.models.transformer_config import (  # noqa: F401  (re-exported)
-    TransformerConfig, as_dtype, checkpoint_policy, tiny_config)
+    TransformerConfig, as_dtype, checkpoint_policy, remat_block, remat_mlp, tiny_config)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,9 +150,7 @@ class Transformer(nnx.Module):
             def block(h, lp):
                 return self._layer(h, lp, positions, inv_freq, attn_factor, mask, causal=True)[0], None
 
-            if cfg.remat:
-                block = jax.checkpoint(block, policy=checkpoint_policy(cfg.remat_policy))
-            h, _ = jax.lax.scan(block, h, lps)
+            h, _ = jax.lax.scan(remat_block(block, cfg), h, lps)
             new_cache = None
         else:
             if cache_index is None:
@@ -227,8 +225,7 @@ class Transformer(nnx.Module):
             return self._layer(h, lp, positions, inv_freq, attn_factor, mask,
                                past_kv=None if pk is None else (pk, pv))[0], None
 
-        if cfg.remat:
-            block = jax.checkpoint(block, policy=checkpoint_policy(cfg.remat_policy))
+        block = remat_block(block, cfg)
         h = self.embed_tokens(tokens)
         head = lambda x: None if x is None else x[:-1]  # noqa: E731
         tail = lambda x: None if x is None else x[-1]  # noqa: E731
@@ -278,7 +275,7 @@ class Transformer(nnx.Module):
             q = jnp.take_along_axis(q, query_at[:, :, None, None], axis=1)  # [B, W, Nq, D]
             h = jnp.take_along_axis(h, query_at[:, :, None], axis=1)  # [B, W, H]
         h = h + jnp.einsum("btf,fh->bth", self._attend(q, k, v, mask, causal), lp["wo"]).astype(h.dtype)
-        return h + self._mlp(h, lp), new_kv
+        return h + remat_mlp(self._mlp, self.cfg)(h, lp), new_kv
 
     def _cached_layer(self, h, lp, layer, positions, inv_freq, attn_factor, valid, kc, vc, cache_index, block):
         """One decoder block against the full cache kc / vc [L, B, S, Hkv, D] (or, with layer None, this layer's

@@ -26,16 +26,30 @@ def as_dtype(name: Any):
     return jnp.dtype(name)
 
 
-REMAT_POLICIES = ("nothing", "dots")
+REMAT_POLICIES = ("nothing", "dots", "mlp")
 
 
 def checkpoint_policy(name: str):
-    """The `jax.checkpoint` policy of `TransformerConfig.remat_policy`: None (save nothing) or
-    `dots_with_no_batch_dims_saveable`, which keeps every projection matmul's output (their einsums have no
-    dot_general batch dimensions; attention's score and value products do, and are recomputed)."""
+    """The `jax.checkpoint` policy of a whole rematerialised block (`TransformerConfig.remat_policy`): None (save
+    nothing) or `dots_with_no_batch_dims_saveable`, which keeps every projection matmul's output (their einsums
+    have no dot_general batch dimensions; attention's score and value products do, and are recomputed). "mlp"
+    rematerialises only each block's MLP (`remat_block`, `remat_mlp`): the attention half keeps its residuals,
+    so a fused attention kernel's forward is not run again in the backward pass."""
     if name not in REMAT_POLICIES:
         raise ValueError(f"remat_policy {name!r}: choose one of {REMAT_POLICIES}")
-    return None if name == "nothing" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    return None if name in ("nothing", "mlp") else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
+
+def remat_block(block, cfg):
+    """A layer-scan body under `cfg.remat` / `cfg.remat_policy` (whole-block policies; "mlp": unchanged here)."""
+    if not cfg.remat or cfg.remat_policy == "mlp":
+        return block
+    return jax.checkpoint(block, policy=checkpoint_policy(cfg.remat_policy))
+
+
+def remat_mlp(mlp, cfg):
+    """The MLP of a block: rematerialised on its own under remat_policy "mlp", else as it is."""
+    return jax.checkpoint(mlp) if cfg.remat and cfg.remat_policy == "mlp" else mlp
 
 
 @dataclass(frozen=True)
@@ -58,7 +72,8 @@ class TransformerConfig:
     remat: bool = False  # rematerialise each block in the backward pass (saves activation memory)
     remat_policy: str = "nothing"  # what a rematerialised block keeps for the backward pass: "nothing" (recompute
     #                                the whole block; least memory) | "dots" (keep the projection matmuls' outputs,
-    #                                recompute the elementwise ops and attention: `checkpoint_policy`)
+    #                                recompute the elementwise ops and attention: `checkpoint_policy`) | "mlp"
+    #                                (recompute only the MLP; attention keeps its residuals)
     family: str = "llama"  # informational: llama | qwen2 | qwen3 | tiny
     attn_impl: str = "auto"  # uncached attention: "einsum" (float32 softmax, any backend) | "xla" | "cudnn"
     #                          (jax.nn.dot_product_attention; cudnn = fused flash attention, CUDA + bf16/fp16) |

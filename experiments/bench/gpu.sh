@@ -37,6 +37,8 @@
 #   the vocabulary-tiled log-prob head alone at the Qwen2.5-0.5B shape (B 8 x T 2048, H 896, V 151,936), default
 #   and larger tiles; explore_mfu_noremat = train_mfu's cuDNN variant without remat; explore_mfu_dots = with remat
 #   keeping the projection matmuls' outputs (remat_policy="dots"), without and with the fused head;
+#   explore_mfu_mlp = the fused head with only the MLPs rematerialised (remat_policy="mlp": cuDNN's attention
+#   forward is not run again in the backward);
 #   explore_mfu_cublas = the fused-head variant with full remat and every matmul on cuBLAS (XLA's Triton GEMM
 #   fusions off)
 # Targets (issue #16): decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
@@ -144,6 +146,8 @@ else
       --variants cudnn
     step explore_mfu_dots 100 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat-policy dots \
       --variants cudnn,cudnn_fused
+    step explore_mfu_mlp 70 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat-policy mlp \
+      --variants cudnn_fused
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" step explore_mfu_cublas 70 train_mfu.py \
       --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --variants cudnn_fused
   fi

@@ -101,7 +101,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--remat", type=int, default=1)
-    p.add_argument("--remat-policy", default="nothing", help="TransformerConfig.remat_policy: nothing | dots")
+    p.add_argument("--remat-policy", default="nothing", help="TransformerConfig.remat_policy: nothing | dots | mlp")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--peak", type=float, default=989e12)
     p.add_argument("--variants", default="chunked",

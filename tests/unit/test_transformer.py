@@ -230,14 +230,15 @@ def test_auto_attention_picks_cudnn_only_where_it_applies():
 
 
 def test_remat_policies_give_the_same_gradients_and_order_the_saved_memory():
-    """`remat_policy`: "dots" keeps the projection matmuls' outputs for the backward pass. Gradients equal the
-    unrematerialised ones under every policy, and the compiled temporary memory is ordered: recompute
-    everything < keep the matmul outputs < no remat (T 256, so the saved activations dominate)."""
+    """`remat_policy`: "dots" keeps the projection matmuls' outputs for the backward pass; "mlp" rematerialises
+    only the MLP. Gradients equal the unrematerialised ones under every policy, and the compiled temporary memory
+    is ordered: recompute everything < keep the matmul outputs < no remat, and recompute everything < recompute
+    the MLP only < no remat (T 256, so the saved activations dominate)."""
     cfg = tr.tiny_config(256, num_layers=3, hidden_size=64, intermediate_size=256)
     toks = jax.random.randint(jax.random.key(1), (4, 256), 0, 256)
     grads, temp = {}, {}
     for name, kw in (("off", dict(remat=False)), ("nothing", dict(remat=True)),
-                     ("dots", dict(remat=True, remat_policy="dots"))):
+                     ("dots", dict(remat=True, remat_policy="dots")), ("mlp", dict(remat=True, remat_policy="mlp"))):
         gd, params = tr.split(tr.create(cfg.replace(**kw), jax.random.key(0)))
 
         def loss(p, gd=gd):
@@ -247,9 +248,10 @@ def test_remat_policies_give_the_same_gradients_and_order_the_saved_memory():
         g = jax.jit(jax.grad(loss))
         grads[name] = g(params)
         temp[name] = g.lower(params).compile().memory_analysis().temp_size_in_bytes
-    for name in ("nothing", "dots"):
+    for name in ("nothing", "dots", "mlp"):
         jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                                grads[name], grads["off"])
     assert temp["nothing"] < temp["dots"] < temp["off"], temp
+    assert temp["nothing"] < temp["mlp"] < temp["off"], temp
     with pytest.raises(ValueError, match="remat_policy"):
         tr.tiny_config(10, remat_policy="everything")
