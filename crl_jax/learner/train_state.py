@@ -131,27 +131,28 @@ def token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, *, with
     chex.assert_rank([tokens, mask], 2)
     chex.assert_equal_shape([tokens, mask])
     model = nnx.merge(graphdef, params)
-    tgt = tokens[:, 1:].astype(jnp.int32)
     if hasattr(model, "unembed_matrix"):
-        h = model(tokens, return_hidden=True)[:, :-1]  # [B, T-1, H] predicts t = 1..T-1
-        lp, ent = chunked_logprobs(h, model.unembed_matrix(), tgt, with_entropy=with_entropy)
+        h, _, pick, back = _predicting_rows(model(tokens, return_hidden=True), mask, None)  # h [B, T-1, H]
+        lp, ent = chunked_logprobs(h, model.unembed_matrix(), pick(tokens).astype(jnp.int32), with_entropy=with_entropy)
     else:  # any other module returning logits
-        logits = model(tokens)[:, :-1].astype(_F32)
+        logits, _, pick, back = _predicting_rows(model(tokens).astype(_F32), mask, None)
+        tgt = pick(tokens).astype(jnp.int32)
         lp = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, axis=-1)
         ent = jax.lax.stop_gradient(losses.token_entropy(logits)) if with_entropy else None
-    pad = jnp.zeros((tokens.shape[0], 1), _F32)
-    valid = mask.astype(bool) & (jnp.arange(tokens.shape[1]) >= 1)[None, :]
-    logp = jnp.where(valid, jnp.concatenate([pad, lp], axis=1), 0.0)
-    entropy = None
-    if with_entropy:
-        entropy = jnp.where(valid, jnp.concatenate([pad, ent], axis=1), 0.0)
-    return logp, entropy
+    return back(lp), (back(ent) if with_entropy else None)
 
 
-def _trained_slots(mask: jax.Array, max_trained: int):
-    """Each row's trained positions (t >= 1, mask) in `max_trained` slots: (at [B, K] position, 1 in unused slots;
-    slot_valid [B, K]; keep [B, T] the positions that got a slot; rank [B, T] each one's slot)."""
+def _predicting_rows(x: jax.Array, mask: jax.Array, max_trained: int | None):
+    """The rows of x [B, T, ...] (hidden states or logits) that predict the trained tokens (mask, t >= 1): every
+    position's predecessor x[:, :-1] (max_trained None, or no shorter than T - 1), or each row's trained positions'
+    predecessors gathered into `max_trained` slots (a row's trained positions past its first `max_trained` are
+    dropped). -> (rows [B, K, ...], slot_valid [B, K], pick: [B, T] array -> its values at the predicted positions
+    [B, K], back: [B, K] -> [B, T] with 0 off the trained positions)."""
     B, T = mask.shape
+    if max_trained is None or max_trained >= T - 1:
+        trained = mask.astype(bool) & (jnp.arange(T) >= 1)
+        return (x[:, :-1], trained[:, 1:], lambda a: a[:, 1:],
+                lambda a: jnp.where(trained, jnp.pad(a, ((0, 0), (1, 0))), 0.0))
     K = int(max_trained)
     t = jnp.arange(T)
     valid = mask.astype(bool) & (t >= 1)[None, :]
@@ -160,8 +161,12 @@ def _trained_slots(mask: jax.Array, max_trained: int):
     rows = jnp.arange(B)[:, None]
     pos = jnp.zeros((B, K), jnp.int32).at[rows, jnp.where(keep, rank, K)].set(  # unused slots stay 0
         jnp.broadcast_to(t, (B, T)).astype(jnp.int32), mode="drop")
+    at = jnp.maximum(pos, 1)
     slot_valid = jnp.arange(K)[None, :] < jnp.minimum(valid.sum(1), K)[:, None]
-    return jnp.maximum(pos, 1), slot_valid, keep, rank
+    slot = jnp.clip(rank, 0, K - 1)
+    return (jnp.take_along_axis(x, (at - 1).reshape((B, K) + (1,) * (x.ndim - 2)), axis=1), slot_valid,
+            lambda a: jnp.take_along_axis(a, at, axis=1),
+            lambda a: jnp.where(keep, jnp.take_along_axis(a, slot, axis=1), 0.0))
 
 
 def compact_token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, max_trained: int, *,
@@ -174,14 +179,9 @@ def compact_token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array,
     covers every row: `ExtractorBatch.response_width`, `ActorBatch.trained_width`)."""
     chex.assert_rank([tokens, mask], 2)
     chex.assert_equal_shape([tokens, mask])
-    K = int(max_trained)
     model = nnx.merge(graphdef, params)
-    at, _, keep, rank = _trained_slots(mask, K)
-    h = model(tokens, return_hidden=True)
-    hk = jnp.take_along_axis(h, (at - 1)[:, :, None], axis=1)  # [B, K, H]: the states that predict them
-    lp, ent = chunked_logprobs(hk, model.unembed_matrix(), jnp.take_along_axis(tokens, at, axis=1).astype(jnp.int32),
-                               with_entropy=with_entropy)
-    back = lambda x: jnp.where(keep, jnp.take_along_axis(x, jnp.clip(rank, 0, K - 1), axis=1), 0.0)  # noqa: E731
+    hk, _, pick, back = _predicting_rows(model(tokens, return_hidden=True), mask, max_trained)
+    lp, ent = chunked_logprobs(hk, model.unembed_matrix(), pick(tokens).astype(jnp.int32), with_entropy=with_entropy)
     return back(lp), (back(ent) if with_entropy else None)
 
 
@@ -193,21 +193,9 @@ def token_loss(graphdef, params, tokens: jax.Array, mask: jax.Array, token_fn, a
     Returns (total with gradients, logp [B, T], entropy [B, T]), the last two without gradient and 0 off the mask."""
     chex.assert_rank([tokens, mask], 2)
     chex.assert_equal_shape([tokens, mask])
-    B, T = tokens.shape
     model = nnx.merge(graphdef, params)
-    h = model(tokens, return_hidden=True)
-    if max_trained is None or max_trained >= T - 1:  # every position t >= 1, predicted by h[t - 1]
-        hk, slot_valid = h[:, :-1], mask[:, 1:].astype(bool)
-        pick = lambda x: x[:, 1:]  # noqa: E731
-        trained = mask.astype(bool) & (jnp.arange(T) >= 1)
-        back = lambda x: jnp.where(trained, jnp.pad(x, ((0, 0), (1, 0))), 0.0)  # noqa: E731
-    else:
-        at, slot_valid, keep, rank = _trained_slots(mask, max_trained)
-        hk = jnp.take_along_axis(h, (at - 1)[:, :, None], axis=1)  # [B, K, H]
-        pick = lambda x: jnp.take_along_axis(x, at, axis=1)  # noqa: E731
-        slot = jnp.clip(rank, 0, at.shape[1] - 1)
-        back = lambda x: jnp.where(keep, jnp.take_along_axis(x, slot, axis=1), 0.0)  # noqa: E731
-    K = hk.shape[1]
+    hk, slot_valid, pick, back = _predicting_rows(model(tokens, return_hidden=True), mask, max_trained)
+    B, K = slot_valid.shape
     flat = lambda x: x.reshape((B * K,) + x.shape[2:])  # noqa: E731
     total, lp, ent = fused_token_loss(flat(hk), model.unembed_matrix(), flat(pick(tokens)), flat(slot_valid), token_fn,
                                       jax.tree.map(lambda a: flat(pick(a)), aux))

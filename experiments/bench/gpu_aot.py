@@ -207,6 +207,7 @@ def summarize(ks: list[dict], peak: float, bandwidth: float, top: int = 12) -> d
 
 def train_program(variant: str, a):
     import optax
+    import train_mfu  # this script's neighbour (its folder is on sys.path when run)
 
     from crl_jax.learner import train_state as ts
     from crl_jax.models import attention
@@ -222,16 +223,7 @@ def train_program(variant: str, a):
     state = jax.eval_shape(lambda: ts.create_train_state(tr.create(cfg, jax.random.key(0)), optax.adamw(1e-5)))
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), state)
     toks = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=rep)
-    mask = jnp.ones((B, T), bool)
-
-    def loss_fn(gd, params, batch):
-        den = jnp.float32(B * (T - 1))
-        if variant == "fused":
-            total, _, _ = ts.token_loss(gd, params, batch, mask, lambda lp, aux: -lp, {})
-            return total, (den, {})
-        logp, _ = ts.token_logprobs(gd, params, batch, mask)
-        return -jnp.sum(logp), (den, {})
-
+    loss_fn = train_mfu.token_loss_fn(variant, B, T)
     step = jax.jit(lambda s, b: ts.apply_update(s, b, loss_fn, 1), donate_argnums=(0,))
     return step.lower(state, toks).compile()
 

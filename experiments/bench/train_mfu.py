@@ -53,6 +53,26 @@ def old_token_logprobs(gd, params, tokens, mask):
     return jnp.where(mask[:, 1:], picked - jax.nn.logsumexp(logits, axis=-1), 0.0)
 
 
+def token_loss_fn(variant: str, batch: int, seq: int):
+    """The step's loss callback, -sum of every token's log-prob: through `train_state.token_loss` (variants ending
+    in "fused": the head's gradient in its forward pass), the old full-logits function ("full"), or
+    `train_state.token_logprobs` (the others). Also used by gpu_aot.py."""
+    mask = jnp.ones((batch, seq), bool)
+    den = jnp.float32(batch * (seq - 1))
+
+    def loss_fn(gd, params, tokens):
+        if variant.endswith("fused"):
+            total, _, _ = ts.token_loss(gd, params, tokens, mask, lambda lp, aux: -lp, {})
+            return total, (den, {})
+        if variant == "full":
+            logp = old_token_logprobs(gd, params, tokens, mask)
+        else:
+            logp, _ = ts.token_logprobs(gd, params, tokens, mask)
+        return -jnp.sum(logp), (den, {})
+
+    return loss_fn
+
+
 def measure(cfg, variant: str, a) -> dict:
     # explicit attention (the library's default "auto" takes cuDNN on a GPU): chunked / full = einsum attention
     cfg = cfg.replace(attn_impl="cudnn" if variant.startswith("cudnn") else "einsum")
@@ -60,17 +80,7 @@ def measure(cfg, variant: str, a) -> dict:
     tr.dense_attention = _dense_no_causal if variant == "cudnn_fullmask" else _DENSE  # what Transformer calls
     state = ts.create_train_state(tr.create(cfg, jax.random.key(0)), optax.adamw(1e-5))
     toks = jax.random.randint(jax.random.key(1), (a.batch, a.seq), 0, cfg.vocab_size)
-    mask = jnp.ones((a.batch, a.seq), bool)
-
-    def loss_fn(gd, params, batch):
-        if variant.endswith("fused"):  # the head's gradient in its forward pass (`train_state.token_loss`)
-            total, _, _ = ts.token_loss(gd, params, batch, mask, lambda lp, aux: -lp, {})
-            return total, (jnp.float32(a.batch * (a.seq - 1)), {})
-        if variant == "full":
-            logp = old_token_logprobs(gd, params, batch, mask)
-        else:
-            logp, _ = ts.token_logprobs(gd, params, batch, mask)
-        return -jnp.sum(logp), (jnp.float32(a.batch * (a.seq - 1)), {})
+    loss_fn = token_loss_fn(variant, a.batch, a.seq)
 
     step = jax.jit(lambda s, b: ts.apply_update(s, b, loss_fn, 1), donate_argnums=(0,))
     t0 = time.time()
