@@ -46,6 +46,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from crl_jax.models import fused_decode as fd
+from crl_jax.models import fused_sample as fs
 from crl_jax.models import transformer as tr
 from crl_jax.models.logprobs import chunked_logprobs
 
@@ -87,8 +88,8 @@ class SamplerConfig:
             raise ValueError(f"unroll_layers must be >= 0 (or -1: by backend), got {self.unroll_layers}")
         if not 0.0 <= self.first_mix < 1.0:
             raise ValueError(f"first_mix must be in [0, 1), got {self.first_mix}")
-        if self.decode_kernel not in fd.KERNELS:
-            raise ValueError(f"decode_kernel must be one of {fd.KERNELS}, got {self.decode_kernel!r}")
+        if self.decode_kernel not in fs.KERNELS:
+            raise ValueError(f"decode_kernel must be one of {fs.KERNELS}, got {self.decode_kernel!r}")
         object.__setattr__(self, "stop_tokens", tuple(int(t) for t in self.stop_tokens))
 
 
@@ -271,7 +272,7 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
     pos = pos + start[:, None]
     layers = None
     block, straight = decode_plan(cfg, S, model.cfg.num_layers)
-    fused = fd.wanted(cfg.decode_kernel, model.cfg, B)
+    fused = fs.wanted(cfg.decode_kernel, model.cfg, B)
     straight = straight or fused  # the kernels take the per-layer weights and cache buffers
     if straight:
         # Sliced (and fused) once, here; the barrier keeps XLA from sinking the slices back into the decode loop,
@@ -311,9 +312,13 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
         return i + 1, model.unembed(h)[:, 0], cache, key, done, out_t, out_lp
 
     dead = jnp.zeros((B,), bool) if live is None else ~live.astype(bool)
-    init = (jnp.int32(0), logits, cache, key, dead,
-            jnp.full((B, N), cfg.pad_id, jnp.int32), jnp.zeros((B, N), jnp.float32))
-    steps, _, cache, _, done, out_t, out_lp = jax.lax.while_loop(cond, body, init)
+    if fused and fs.plain(cfg, allowed_tokens):  # the draw in a kernel too (models.fused_sample)
+        steps, cache, out_t, out_lp = fs.decode_loop(model, layers, logits, cache, at + P, start[0] + prompt_len[0],
+                                                     key, cfg, dead, interpret=cfg.decode_kernel == "pallas_interpret")
+    else:
+        init = (jnp.int32(0), logits, cache, key, dead,
+                jnp.full((B, N), cfg.pad_id, jnp.int32), jnp.zeros((B, N), jnp.float32))
+        steps, _, cache, _, _, out_t, out_lp = jax.lax.while_loop(cond, body, init)
     if straight:
         cache = tr.stack_cache(cache)
     # A row's length: steps taken before it finished (its stop token included).

@@ -1,15 +1,15 @@
 """A batch-1 decode step as three Pallas (Triton) kernels per layer (issue #16, the batch-1 target).
 
-Why. XLA runs a batch-1 decode step of the SmolLM2-135M shape as ~560 kernels (~19 per layer) on an H200, and
-rewrites each vector x matrix product into a multiply kernel and a reduce kernel with the product written to
-memory between them (experiments/bench/RESULTS.md, session 16). At 1.5-5 us per kernel the step takes 1.06 ms,
-while reading the weights once takes 56 us. This module does one layer in three kernels, each reading its
-weights once:
+Why. XLA runs a batch-1 decode step of the SmolLM2-135M shape as ~560 kernels (~19 per layer) on an H200: each
+vector x matrix product becomes a multiply and a reduce kernel (experiments/bench/RESULTS.md, session 16). At
+1.5-5 us per kernel the step takes 1.06 ms; reading the weights once takes 56 us. Here a layer is three kernels,
+each reading its weights once:
 
 1. `_qkv_kernel` (one program per q / k / v head): the residual stream (the previous layer's output, see
-   below), RMSNorm, this head's columns of the fused q/k/v projection (+ bias, + per-head q/k RMSNorm), RoPE;
-   q goes to a small buffer, k and v straight into this layer's KV-cache buffer at the current slot (in place:
-   the cache buffers are aliased to the outputs).
+   below; in the first layer the token's embedding row), RMSNorm, this head's columns of the fused q/k/v
+   projection (+ bias, + per-head q/k RMSNorm), RoPE (angles from the position); q goes to a small buffer, k and
+   v straight into this layer's KV-cache buffer at the current slot (in place: the cache buffers are aliased to
+   the outputs; the first layer also marks the slot valid).
 2. `_attn_kernel` (one program per query head): attention over the live slots (online softmax over blocks of
    cache slots, as `attention.attend_live`), then that head's rows of the output projection: a partial [H]
    of the attention output, one row per head.
@@ -20,21 +20,21 @@ weights once:
 Partials instead of a reduction kernel: the next kernel adds them up in a fixed order while it reads its input
 (so the result is deterministic, unlike atomics), and RMSNorm is folded into each matvec (the sum of squares is
 accumulated in the same pass, the product scaled by 1/rms at the end), so no kernel needs a grid-wide barrier.
-A model with more than `MAX_PARTS` MLP programs gets its MLP partials summed by XLA instead (one more kernel per
-layer, against every program of the next kernel reading all of them).
+A model with more than `MAX_PARTS` MLP programs gets its MLP partials summed by `_sum_kernel` instead (one more
+kernel per layer, against every program of the next kernel reading all of them).
 `_head_kernel` does the final norm and the vocabulary head (one program per `VOCAB_COLS` tokens) on the last
-layer's output, summed by XLA. With that sum, the embedding lookup and the sampling in XLA, a step is about
-3L + 10 kernels instead of ~19L. The loops over the hidden size run in groups of `UNROLL` unrolled chunks:
+layer's output (summed by `_sum_kernel`), and each tile's softmax statistics, from which `fused_sample` draws
+the token in one more kernel. The slot and position come from the loop's counter plus loop-invariant bases, so
+a step (`forward`) is 3L + 3 kernels and the loop's counter (94 at SmolLM2's 30 layers, against XLA's ~533;
+experiments/bench/gpu_aot.py). The loops over the hidden size run in groups of `UNROLL` unrolled chunks:
 each chunk's loads are independent of the others, so a program has a group's loads in flight at once. What each
 kernel compiles to (registers, spills) can be seen without a GPU: experiments/bench/triton_ptx.py.
 
 Numerics follow `Transformer._cached_layer` (float32 accumulation, the model dtype's roundings after each
 projection, float32 softmax), except that the normalised input of a projection is not rounded to the model
-dtype before the product. Tested equal (float32, interpret mode) to the XLA step, and lowered for CUDA, on a
-CPU (tests/unit/test_fused_decode.py); GPU parity and speed: experiments/bench/gpu_checks.py and
-decode_cache.py's `pallas` variant (gpu.sh).
-
-One device: the kernels take whole arrays (a model sharded over a mesh keeps `decode_kernel="xla"`).
+dtype. Tested equal (float32, interpret mode) to the XLA step, and lowered for CUDA, on a CPU
+(tests/unit/test_fused_decode.py); GPU parity and speed: gpu_checks.py, decode_cache.py (gpu.sh). One device:
+the kernels take whole arrays (a model sharded over a mesh keeps `decode_kernel="xla"`).
 
 Triton needs power-of-two tensor shapes, so every model dimension is walked in chunks: hidden size a multiple
 of `CH`, head dim a power of two, intermediate size a multiple of `MLP_COLS`, vocabulary a multiple of
@@ -56,7 +56,7 @@ CH = 64  # hidden-size chunk of every matvec
 MLP_COLS = 32  # intermediate columns per program of the MLP kernel (48 programs at SmolLM2's 1,536)
 VOCAB_COLS = 128  # vocabulary rows per program of the head kernel
 SLOTS = 64  # cache slots per attention block
-MAX_PARTS = 64  # more MLP partials than this (Qwen2.5-0.5B: 152) are summed by XLA before the next layer: each
+MAX_PARTS = 64  # more MLP partials than this (Qwen2.5-0.5B: 152) are summed before the next layer: each
 #                of the next kernel's programs would otherwise read them all (at Qwen's shape 0.9 MB, 8x its weights)
 NUM_WARPS = 4
 NUM_STAGES = 2  # Triton's software pipelining depth of a rolled loop
@@ -83,24 +83,6 @@ def unsupported(cfg, batch: int) -> str | None:
               (cfg.vocab_size % VOCAB_COLS == 0, f"vocab_size {cfg.vocab_size} is not a multiple of {VOCAB_COLS}")]
     bad = [why for ok, why in checks if not ok]
     return "; ".join(bad) or None
-
-
-KERNELS = ("xla", "pallas", "pallas_interpret")  # `SamplerConfig.decode_kernel`
-
-
-def wanted(kernel: str, cfg, batch: int) -> bool:
-    """Whether a sampler with `decode_kernel` = kernel runs its decode steps through `decode_step`: batch 1 only
-    (larger batches keep XLA's path); a model the kernels cannot take is an error, as is "pallas" off a
-    CUDA GPU."""
-    if kernel == "xla" or batch != 1:
-        return False
-    why = unsupported(cfg, batch)
-    if why:
-        raise ValueError(f"decode_kernel={kernel!r}: {why}; use decode_kernel='xla'")
-    if kernel == "pallas" and jax.default_backend() != "gpu":
-        raise ValueError(f"decode_kernel='pallas' compiles Triton kernels for a CUDA GPU (the default backend is "
-                         f"{jax.default_backend()!r}); use 'pallas_interpret' (slow) or 'xla'")
-    return True
 
 
 def _call(kernel, out_shape, grid, interpret: bool, aliases=None, name=None):
@@ -136,10 +118,11 @@ def _chunks(n: int, body, carry):
     return carry
 
 
-def _residual_chunk(base_ref, parts_ref, n_parts: int, c, dtype):
+def _residual_chunk(base_ref, parts_ref, n_parts: int, c, dtype, row=None):
     """Chunk c (CH values, float32) of the residual stream: base + the sum of the n_parts rows of the previous
-    kernel's partials, added in a fixed order and rounded as `h + (...).astype(h.dtype)` is."""
-    x = base_ref[pl.ds(c * CH, CH)].astype(f32)
+    kernel's partials, added in a fixed order and rounded as `h + (...).astype(h.dtype)` is. `row`: base_ref is
+    the embedding table and the residual is its row `row` (the first layer: no lookup kernel before it)."""
+    x = (base_ref[pl.ds(c * CH, CH)] if row is None else base_ref[row, pl.ds(c * CH, CH)]).astype(f32)
     if parts_ref is None:
         return x
     total, row = jnp.zeros((CH,), f32), 0
@@ -151,13 +134,13 @@ def _residual_chunk(base_ref, parts_ref, n_parts: int, c, dtype):
 
 
 def _normed_pair(base_ref, parts_ref, n_parts: int, wn_ref, w_ref, col_a, col_b, width: int, H: int, eps: float,
-                 x_out_ref, writer, dtype):
+                 x_out_ref, writer, dtype, row=None):
     """RMSNorm(x) @ w[:, col_a : col_a + width] and @ w[:, col_b : col_b + width] (float32), for the residual x
     = base + partials (`_residual_chunk`), which the program where `writer` holds also writes to x_out_ref. The
     norm is folded in: the sum of squares is accumulated in the same pass, the products scaled at the end."""
     def body(c, carry):
         ss, a, b = carry
-        xc = _residual_chunk(base_ref, parts_ref, n_parts, c, dtype)
+        xc = _residual_chunk(base_ref, parts_ref, n_parts, c, dtype, row)
 
         @pl.when(writer)
         def _():
@@ -174,25 +157,33 @@ def _normed_pair(base_ref, parts_ref, n_parts: int, wn_ref, w_ref, col_a, col_b,
     return a * inv, b * inv
 
 
-def _summed(base, parts, n_parts: int, dtype):
-    """base + the first n_parts rows of parts, rounded as `_residual_chunk` rounds (in XLA)."""
-    return _round(base.astype(f32) + _round(parts[:n_parts].sum(0), dtype), dtype).astype(dtype)
+def _sum_kernel(base_ref, parts_ref, x_ref, *, n_parts, dtype):
+    """The residual base + the n_parts rows of partials (`_residual_chunk`), CH columns per program: one kernel
+    where XLA made two (the sum, then the add and roundings)."""
+    c = pl.program_id(0)
+    x_ref[pl.ds(c * CH, CH)] = _residual_chunk(base_ref, parts_ref, n_parts, c, dtype).astype(x_ref.dtype)
 
 
-def _qkv_kernel(*refs, H, D, Nq, Nkv, n_parts, eps, bias, qk_norm, dtype):
+def _qkv_kernel(*refs, H, D, Nq, Nkv, n_parts, eps, bias, qk_norm, first, attn_factor, dtype):
+    """`first`: the first layer, whose residual is the embedding row of the token (tok_ref) and whose program 0
+    also marks the step's cache slot valid (valid_ref, int32 [S], in place) for every layer's attention."""
     it = iter(refs)
-    idx_ref, cs_ref, base_ref = next(it), next(it), next(it)
+    step_ref, start_ref, inv_ref = next(it), next(it), next(it)
+    tok_ref = next(it) if first else None
+    base_ref = next(it)
     parts_ref = next(it) if n_parts else None
     wn_ref, w_ref = next(it), next(it)
     b_ref = next(it) if bias else None
     qn_ref, kn_ref = (next(it), next(it)) if qk_norm else (None, None)
-    next(it), next(it)  # the cache buffers as inputs: aliased to kc_ref / vc_ref
+    for _ in range(3 if first else 2):  # the cache buffers (and valid) as inputs: aliased to the outputs below
+        next(it)
     x_ref, q_ref, kc_ref, vc_ref = next(it), next(it), next(it), next(it)
     j = pl.program_id(0)
     h2 = D // 2
+    idx, pos = start_ref[0] + step_ref[0], start_ref[1] + step_ref[0]  # this step's cache slot and position
 
     a1, a2 = _normed_pair(base_ref, parts_ref, n_parts, wn_ref, w_ref, j * D, j * D + h2, h2, H, eps, x_ref, j == 0,
-                          dtype)
+                          dtype, tok_ref[0] if first else None)
     y1, y2 = _round(a1, dtype), _round(a2, dtype)
     if bias:
         y1 = _round(y1 + b_ref[pl.ds(j * D, h2)].astype(f32), dtype)
@@ -204,9 +195,15 @@ def _qkv_kernel(*refs, H, D, Nq, Nkv, n_parts, eps, bias, qk_norm, dtype):
         n2 = jnp.where(is_q, qn_ref[pl.ds(h2, h2)].astype(f32), kn_ref[pl.ds(h2, h2)].astype(f32))
         y1 = jnp.where(is_q | is_k, _round(y1 * invh * n1, dtype), y1)
         y2 = jnp.where(is_q | is_k, _round(y2 * invh * n2, dtype), y2)
-    cos, sin = cs_ref[0, pl.ds(0, h2)], cs_ref[1, pl.ds(0, h2)]
+    ang = pos.astype(f32) * inv_ref[pl.ds(0, h2)]  # RoPE angles, as `Transformer._cached_layer` computes them
+    cos, sin = jnp.cos(ang) * attn_factor, jnp.sin(ang) * attn_factor
     r1, r2 = y1 * cos - y2 * sin, y2 * cos + y1 * sin  # HF's rotate_half layout
-    idx = idx_ref[0]
+    if first:
+        valid_ref = next(it)
+
+        @pl.when(j == 0)
+        def _():
+            valid_ref[idx] = jnp.int32(1)
 
     @pl.when(is_q)
     def _():
@@ -224,10 +221,10 @@ def _qkv_kernel(*refs, H, D, Nq, Nkv, n_parts, eps, bias, qk_norm, dtype):
         vc_ref[0, idx, j - Nq - Nkv, pl.ds(h2, h2)] = y2.astype(vc_ref.dtype)
 
 
-def _attn_kernel(idx_ref, valid_ref, q_ref, kc_ref, vc_ref, wo_ref, parts_ref, *, H, D, G, S, c, dtype):
+def _attn_kernel(step_ref, start_ref, valid_ref, q_ref, kc_ref, vc_ref, wo_ref, parts_ref, *, H, D, G, S, c, dtype):
     n = pl.program_id(0)
     kvh = n // G
-    idx = idx_ref[0]
+    idx = start_ref[0] + step_ref[0]
     q = q_ref[pl.ds(n * D, D)].astype(f32)
     scale = 1.0 / math.sqrt(D)
 
@@ -276,9 +273,12 @@ def _mlp_kernel(base_ref, parts_ref, wn_ref, wgu_ref, wd_ref, h_ref, out_ref, *,
     _chunks(H // CH, project, 0)
 
 
-def _head_kernel(x_ref, wn_ref, w_ref, out_ref, *, H, eps, tied):
-    """x [H]: the last layer's output, already summed (by XLA: 384 programs each adding up the MLP's partials
-    would read them 384 times)."""
+def _head_kernel(x_ref, wn_ref, w_ref, out_ref, m_ref, s_ref, *, H, eps, tied, n_tiles, temperature):
+    """x [H]: the last layer's output, already summed (`_sum_kernel`: 384 programs each adding up the MLP's
+    partials would read them 384 times). Program v: the logits of tokens v * VOCAB_COLS ..., and the statistics of its
+    tile that `fused_sample` draws from: m = max(logits / T), s = sum(exp(logits / T - m)) (T = `temperature`,
+    1 when greedy). Programs past the vocabulary's tiles (the statistics are padded to whole chunks) write an
+    empty tile (m = -inf, s = 0)."""
     v = pl.program_id(0)
     cv = VOCAB_COLS
 
@@ -292,8 +292,29 @@ def _head_kernel(x_ref, wn_ref, w_ref, out_ref, *, H, eps, tied):
             acc = acc + jnp.sum(xw[:, None] * w_ref[pl.ds(c * CH, CH), pl.ds(v * cv, cv)].astype(f32), axis=0)
         return ss + jnp.sum(xc * xc), acc
 
-    ss, acc = _chunks(H // CH, body, (jnp.float32(0.0), jnp.zeros((cv,), f32)))
-    out_ref[pl.ds(v * cv, cv)] = acc * jax.lax.rsqrt(ss / H + eps)
+    @pl.when(v < n_tiles)
+    def _():
+        ss, acc = _chunks(H // CH, body, (jnp.float32(0.0), jnp.zeros((cv,), f32)))
+        logits = acc * jax.lax.rsqrt(ss / H + eps)
+        out_ref[pl.ds(v * cv, cv)] = logits
+        xs = logits if temperature in (0.0, 1.0) else logits / temperature  # as `sampling.filter_logits`
+        m = jnp.max(xs)
+        m_ref[v] = m
+        s_ref[v] = jnp.sum(jnp.exp(xs - m))
+
+    if m_ref.shape[0] > n_tiles:
+        @pl.when(v >= n_tiles)
+        def _():
+            m_ref[v] = jnp.float32(-jnp.inf)
+            s_ref[v] = jnp.float32(0.0)
+
+
+def stat_tiles(vocab_size: int) -> tuple[int, int, int]:
+    """(tiles, padded length, chunk) of the head's tile statistics: one tile per VOCAB_COLS tokens, padded to a
+    multiple of the chunk `fused_sample`'s kernel reads them in (128, or the least power of two >= the tiles)."""
+    n = vocab_size // VOCAB_COLS
+    ch = min(128, 1 << max(n - 1, 0).bit_length())
+    return n, -(-n // ch) * ch, ch
 
 
 def decode_step(model, layers, tok, position, cache: dict, cache_index, *, interpret: bool = False):
@@ -301,56 +322,70 @@ def decode_step(model, layers, tok, position, cache: dict, cache_index, *, inter
     cache (`transformer.split_cache`), with `layers` = `model.layer_list(fused=True)` -> (logits [1, V] float32,
     cache). The same contract as `model(tok[:, None], positions=position[:, None], cache=cache,
     cache_index=cache_index, layers=layers)` followed by `model.unembed`. `interpret`: run the kernels in
-    Pallas' interpreter (any backend; for tests), else compile them for a CUDA GPU with Triton."""
+    Pallas' interpreter (any backend; for tests), else compile them for a CUDA GPU with Triton. A decode loop
+    calls `forward`, which keeps the step's bookkeeping in the kernels."""
+    if not isinstance(cache["k"], (list, tuple)) or len(layers) != model.cfg.num_layers or "wqkv" not in layers[0]:
+        raise ValueError("fused decode step: needs a per-layer cache (split_cache) and layer_list(fused=True)")
+    start = jnp.stack([jnp.asarray(cache_index, jnp.int32), position[0].astype(jnp.int32)])
+    logits, _, _, ks, vs, valid = forward(model, layers, tok.astype(jnp.int32), jnp.zeros((1,), jnp.int32), start,
+                                          cache["k"], cache["v"], cache["valid"][0].astype(jnp.int32),
+                                          interpret=interpret)
+    return logits[None], dict(cache, k=ks, v=vs, valid=valid[None] != 0)
+
+
+def forward(model, layers, tok, step, start, ks, vs, valid, *, temperature: float = 1.0, interpret: bool = False):
+    """The kernels of one batch-1 step, with no XLA operation between them but the last layer's partial sums:
+    token tok [1] (int32) at cache slot start[0] + step[0] and position start[1] + step[0] (step [1], start [2]
+    int32: a loop passes its counter and loop-invariant bases, so no kernel computes the slot). ks / vs: the
+    per-layer cache buffers; valid: int32 [S], the step's slot set to 1 in place. -> (logits [V] float32, the
+    head's tile statistics m, s [`stat_tiles`(V)[1]] at `temperature`, ks, vs, valid)."""
     cfg = model.cfg
     H, D, I, V = cfg.hidden_size, cfg.dim_head, cfg.intermediate_size, cfg.vocab_size
     Nq, Nkv, L = cfg.num_heads, cfg.num_kv_heads, cfg.num_layers
-    S = cache["valid"].shape[1]
+    S = valid.shape[0]
     why = unsupported(cfg, tok.shape[0])
     if why:
         raise ValueError(f"fused decode step: {why}")
-    if not isinstance(cache["k"], (list, tuple)) or len(layers) != L or "wqkv" not in layers[0]:
-        raise ValueError("fused decode step: needs a per-layer cache (split_cache) and layer_list(fused=True)")
     dtype = jnp.dtype(model.embed[...].dtype)
     eps = float(cfg.rms_norm_eps)
     inv_freq, attn_factor = model._rope()
-    ang = position[0].astype(f32) * inv_freq
-    cs = jnp.stack([jnp.cos(ang) * attn_factor, jnp.sin(ang) * attn_factor])  # [2, D/2]
-    idx = jnp.reshape(jnp.asarray(cache_index, jnp.int32), (1,))
-    valid = jax.lax.dynamic_update_slice(cache["valid"], jnp.ones((1, 1), bool), (0, cache_index))
-    valid_i = valid[0].astype(jnp.int32)
     c = min(SLOTS, 1 << (S.bit_length() - 1))  # attention block: a power of two <= S
     n_mlp = I // MLP_COLS
     shape = lambda *s, dt=f32: jax.ShapeDtypeStruct(s, dt)  # noqa: E731
 
-    x, parts, n_parts = model.embed_tokens(tok)[0], None, 0
-    ks, vs = list(cache["k"]), list(cache["v"])
+    x, parts, n_parts = model.embed[...], None, 0  # the first layer reads the token's row itself
+    ks, vs = list(ks), list(vs)
     for i, lp in enumerate(layers):
-        bias = cfg.attention_bias
-        ins = [idx, cs, x] + ([parts] if n_parts else []) + [lp["attn_norm"], lp["wqkv"]]
-        if bias:
-            ins.append(lp["bqkv"])
+        bias, first = cfg.attention_bias, i == 0
+        ins = [step, start, inv_freq] + ([tok] if first else []) + [x] + ([parts] if n_parts else [])
+        ins += [lp["attn_norm"], lp["wqkv"]] + ([lp["bqkv"]] if bias else [])
         if cfg.qk_norm:
             ins += [lp["q_norm"], lp["k_norm"]]
-        ins += [ks[i], vs[i]]
+        ins += [ks[i], vs[i]] + ([valid] if first else [])
         kern = functools.partial(_qkv_kernel, H=H, D=D, Nq=Nq, Nkv=Nkv, n_parts=n_parts, eps=eps, bias=bias,
-                                 qk_norm=cfg.qk_norm, dtype=dtype)
+                                 qk_norm=cfg.qk_norm, first=first, attn_factor=float(attn_factor), dtype=dtype)
         outs = (shape(H, dt=dtype), shape(Nq * D, dt=dtype), jax.ShapeDtypeStruct(ks[i].shape, ks[i].dtype),
-                jax.ShapeDtypeStruct(vs[i].shape, vs[i].dtype))
-        x, q, ks[i], vs[i] = _call(kern, outs, (Nq + 2 * Nkv,), interpret,
-                                   aliases={len(ins) - 2: 2, len(ins) - 1: 3}, name="decode_qkv")(*ins)
+                jax.ShapeDtypeStruct(vs[i].shape, vs[i].dtype)) + ((shape(S, dt=jnp.int32),) if first else ())
+        n_in = len(ins)
+        aliases = {n_in - 3: 2, n_in - 2: 3, n_in - 1: 4} if first else {n_in - 2: 2, n_in - 1: 3}
+        res = _call(kern, outs, (Nq + 2 * Nkv,), interpret, aliases=aliases, name="decode_qkv")(*ins)
+        x, q, ks[i], vs[i] = res[:4]
+        if first:
+            valid = res[4]
         kern = functools.partial(_attn_kernel, H=H, D=D, G=Nq // Nkv, S=S, c=c, dtype=dtype)
         attn = _call(kern, shape(Nq, H), (Nq,), interpret, name="decode_attn")(
-            idx, valid_i, q, ks[i], vs[i], lp["wo"])
+            step, start, valid, q, ks[i], vs[i], lp["wo"])
         kern = functools.partial(_mlp_kernel, H=H, I=I, n_parts=Nq, eps=eps, dtype=dtype)
         x, parts = _call(kern, (shape(H, dt=dtype), shape(n_mlp, H)), (n_mlp,), interpret,
                          name="decode_mlp")(x, attn, lp["mlp_norm"], lp["w_gate_up"], lp["w_down"])
         n_parts = n_mlp
-        if n_mlp > MAX_PARTS or i == L - 1:  # summed once by one XLA fusion (see MAX_PARTS; the head's input)
-            x, parts, n_parts = _summed(x, parts, n_mlp, dtype), None, 0
+        if n_mlp > MAX_PARTS or i == L - 1:  # summed once by one kernel (see MAX_PARTS; the head's input)
+            kern = functools.partial(_sum_kernel, n_parts=n_mlp, dtype=dtype)
+            x, parts, n_parts = _call(kern, shape(H, dt=dtype), (H // CH,), interpret, name="decode_sum")(x, parts), None, 0
     tied = cfg.tie_embeddings
-    kern = functools.partial(_head_kernel, H=H, eps=eps, tied=tied)
+    n_tiles, padded, _ = stat_tiles(V)
+    kern = functools.partial(_head_kernel, H=H, eps=eps, tied=tied, n_tiles=n_tiles, temperature=float(temperature))
     w = model.embed[...] if tied else model.lm_head[...]
-    logits = _call(kern, shape(V), (V // VOCAB_COLS,), interpret, name="decode_head")(x, model.final_norm[...], w)
-    return logits[None], dict(cache, k=ks, v=vs, valid=valid)
-
+    logits, m, s = _call(kern, (shape(V), shape(padded), shape(padded)), (padded,), interpret, name="decode_head")(
+        x, model.final_norm[...], w)
+    return logits, m, s, ks, vs, valid

@@ -240,12 +240,13 @@ def decode_program(kernel: str, a):
     from flax import nnx
 
     from crl_jax import sampling
-    from crl_jax.models import fused_decode
+    from crl_jax.models import fused_decode, fused_sample
     from crl_jax.models import transformer as tr
     from crl_jax.models.presets import preset_config
 
     _as_gpu(sampling)
     _as_gpu(fused_decode)
+    _as_gpu(fused_sample)
     rep = h200_sharding()
     cfg = preset_config("smollm2-135m", param_dtype="bfloat16")
     gd, params = tr.split(nnx.eval_shape(lambda: tr.create(cfg, jax.random.key(0))))
@@ -279,7 +280,11 @@ def main(argv=None):
     rows = []
     for v in a.variants.split(","):
         if a.what == "decode":
-            ks = kernels(decode_program(v, a).as_text())
+            text = decode_program(v, a).as_text()
+            if a.dump:
+                with open(f"{a.dump}.{v}.hlo", "w") as f:
+                    f.write(text)
+            ks = kernels(text)
             loop = [k for k in ks if k["trips"] > 1]
             steps = max((k["trips"] for k in loop), default=1)
             kinds = defaultdict(int)

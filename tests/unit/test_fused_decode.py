@@ -11,34 +11,9 @@ from flax import nnx
 
 from crl_jax import sampling as S
 from crl_jax.models import fused_decode as fd
+from crl_jax.models import fused_sample as fs
 from crl_jax.models import transformer as tr
-
-
-def _model(seed=0, **kw):
-    """A small model the kernels take (hidden 128 = 2 chunks, 4 q / 2 kv heads of 32, 3 MLP programs, 2 vocab
-    programs) with every weight random, norms and biases included (their init is ones / zeros)."""
-    base = dict(vocab_size=256, hidden_size=128, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
-                head_dim=32, max_position_embeddings=256)
-    base.update(kw)
-    gd, state = tr.split(nnx.eval_shape(lambda: tr.create(tr.TransformerConfig(**base), jax.random.key(0))))
-    rng = np.random.default_rng(seed)
-    pure = {k: ((1.0 if "norm" in str(k) else 0.0) + 0.1 * rng.standard_normal(v.shape)).astype(np.float32)
-            for k, v in nnx.to_pure_dict(state).items()}
-    nnx.replace_by_pure_dict(state, {k: jnp.asarray(v).astype(base.get("param_dtype", "float32"))
-                                     for k, v in pure.items()})
-    return tr.merge(gd, state)
-
-
-def _prefilled(model, S_cap, P=21, pad=3):
-    """A per-layer cache holding a left-padded prompt (slots 0 .. pad-1 invalid), ready for slot P."""
-    cache = tr.init_cache(model.cfg, 1, S_cap)
-    toks = jax.random.randint(jax.random.key(1), (1, P), 0, model.cfg.vocab_size)
-    valid = jnp.arange(P)[None] >= pad
-    pos = jnp.maximum(jnp.arange(P)[None] - pad, 0)
-    layers = model.layer_list(fused=True)
-    _, cache = model(toks, positions=pos, attention_mask=valid, cache=cache, cache_index=0, return_hidden=True,
-                     layers=layers)
-    return layers, tr.split_cache(cache), P, P - pad
+from _fused_models import _model, _prefilled  # tests/ is on sys.path (conftest.py)
 
 
 @pytest.mark.parametrize("kw,S_cap", [
@@ -93,15 +68,15 @@ def test_sampler_with_the_kernels_gives_the_same_greedy_tokens():
 
 def test_batches_above_one_keep_the_xla_path_and_bad_shapes_are_errors():
     cfg = _model().cfg
-    assert fd.wanted("pallas_interpret", cfg, 1) and not fd.wanted("pallas_interpret", cfg, 4)
-    assert not fd.wanted("xla", cfg, 1)
+    assert fs.wanted("pallas_interpret", cfg, 1) and not fs.wanted("pallas_interpret", cfg, 4)
+    assert not fs.wanted("xla", cfg, 1)
     with pytest.raises(ValueError, match="vocab_size 250 is not a multiple of 128"):
-        fd.wanted("pallas_interpret", cfg.replace(vocab_size=250), 1)
+        fs.wanted("pallas_interpret", cfg.replace(vocab_size=250), 1)
     with pytest.raises(ValueError, match="head dim 24"):
-        fd.wanted("pallas_interpret", cfg.replace(head_dim=24), 1)
+        fs.wanted("pallas_interpret", cfg.replace(head_dim=24), 1)
     if jax.default_backend() != "gpu":
         with pytest.raises(ValueError, match="CUDA GPU"):
-            fd.wanted("pallas", cfg, 1)
+            fs.wanted("pallas", cfg, 1)
     with pytest.raises(ValueError, match="decode_kernel must be one of"):
         S.SamplerConfig(max_new_tokens=4, decode_kernel="triton")
 
@@ -121,8 +96,8 @@ def test_the_kernels_lower_for_cuda_with_triton():
     args = (params, jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32), cache,
             jax.ShapeDtypeStruct((), jnp.int32))
     text = jax.jit(step).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("xla.gpu.triton") == 3 * cfg.num_layers + 1
-    for name in ("decode_qkv", "decode_attn", "decode_mlp", "decode_head"):
+    assert text.count("xla.gpu.triton") == 3 * cfg.num_layers + 2  # + the last layer's sum and the head
+    for name in ("decode_qkv", "decode_attn", "decode_mlp", "decode_sum", "decode_head"):
         assert name in text
 
 
@@ -167,9 +142,9 @@ def test_every_loop_form_gives_the_same_step(monkeypatch, unroll):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
 
 
-def test_mlp_partials_summed_by_xla_give_the_same_step(monkeypatch):
-    """More MLP programs than `MAX_PARTS` (Qwen2.5-0.5B: 152): XLA sums their partials between layers; the same
-    step as XLA's."""
+def test_mlp_partials_summed_between_layers_give_the_same_step(monkeypatch):
+    """More MLP programs than `MAX_PARTS` (Qwen2.5-0.5B: 152): `_sum_kernel` sums their partials between layers;
+    the same step as XLA's."""
     model = _model(intermediate_size=192)  # 6 MLP programs
     layers, cache, slot, pos = _prefilled(model, 40)
     tok, p = jnp.array([4]), jnp.array([pos])
