@@ -150,7 +150,7 @@ class Transformer(nnx.Module):
             def block(h, lp):
                 return self._layer(h, lp, positions, inv_freq, attn_factor, mask, causal=True)[0], None
 
-            h, _ = jax.lax.scan(remat_block(block, cfg), h, lps)
+            h, _ = jax.lax.scan(remat_block(block, cfg), h, lps, unroll=min(cfg.scan_unroll, cfg.num_layers))
             new_cache = None
         else:
             if cache_index is None:

@@ -74,6 +74,10 @@ class TransformerConfig:
     #                                the whole block; least memory) | "dots" (keep the projection matmuls' outputs,
     #                                recompute the elementwise ops and attention: `checkpoint_policy`) | "mlp"
     #                                (recompute only the MLP; attention keeps its residuals)
+    scan_unroll: int = 1  # layers per iteration of the uncached forward's layer scan (training, scoring): 1 = a
+    #                       rolled loop; num_layers = straight-line layers, whose saved activations are buffers of
+    #                       their own instead of slices written into [L, ...] stacks (Qwen2.5-0.5B-shape step on
+    #                       an H200, by experiments/bench/gpu_aot.py's count: -35 GB of copies); compiles longer
     family: str = "llama"  # informational: llama | qwen2 | qwen3 | tiny
     attn_impl: str = "auto"  # uncached attention: "einsum" (float32 softmax, any backend) | "xla" | "cudnn"
     #                          (jax.nn.dot_product_attention; cudnn = fused flash attention, CUDA + bf16/fp16) |
@@ -97,6 +101,8 @@ class TransformerConfig:
         as_dtype(self.param_dtype)
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"TransformerConfig.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
+        if self.scan_unroll < 1:
+            raise ValueError(f"TransformerConfig.scan_unroll must be >= 1, got {self.scan_unroll}")
         if self.attn_impl not in ATTN_IMPLS:
             raise ValueError(f"TransformerConfig.attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
 

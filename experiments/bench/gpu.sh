@@ -39,6 +39,9 @@
 #   keeping the projection matmuls' outputs (remat_policy="dots"), without and with the fused head;
 #   explore_mfu_mlp = the fused head with only the MLPs rematerialised (remat_policy="mlp": cuDNN's attention
 #   forward is not run again in the backward);
+#   explore_mfu_unroll(_mlp) = the fused head with the 24 layers unrolled (scan_unroll=24: the saved activations
+#   are not copied into [L, ...] stacks), without remat (gpu_aot.py's floor: 110 ms, the best) and with the MLPs
+#   rematerialised (122 ms);
 #   explore_mfu_cublas = the fused-head variant with full remat and every matmul on cuBLAS (XLA's Triton GEMM
 #   fusions off)
 # Targets (issue #16): decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
@@ -103,7 +106,7 @@ elif [ "$SMOKE" = 1 ]; then  # generous limits: they only catch hangs (a loaded 
   step sampler_pallas 150 sampler.py --model tiny --batches 1 --prompt-len 8 --new-tokens 4 --reps 1 \
     --decode-kernel pallas_interpret
   step decode_cache 150 decode_cache.py --smoke
-  step train_mfu 150 train_mfu.py --smoke --variants chunked,full,fused
+  step train_mfu 150 train_mfu.py --smoke --variants chunked,full,fused --scan-unroll 2
   step logprob_memory 150 logprob_memory.py --smoke --time 1
   step decode_hlo 150 decode_hlo.py --smoke
   step gpu_profile 150 gpu_profile.py --smoke --what decode,decode_pallas,train
@@ -148,6 +151,10 @@ else
       --variants cudnn,cudnn_fused
     step explore_mfu_mlp 70 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat-policy mlp \
       --variants cudnn_fused
+    step explore_mfu_unroll 120 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
+      --scan-unroll 24 --variants cudnn_fused
+    step explore_mfu_unroll_mlp 120 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 \
+      --remat-policy mlp --scan-unroll 24 --variants cudnn_fused
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" step explore_mfu_cublas 70 train_mfu.py \
       --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --variants cudnn_fused
   fi

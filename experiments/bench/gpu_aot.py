@@ -217,7 +217,7 @@ def train_program(variant: str, a):
     if a.attn == "cudnn":
         _as_gpu(attention)
     cfg = preset_config("qwen2.5-0.5b", param_dtype="bfloat16", remat=bool(a.remat), remat_policy=a.remat_policy,
-                        attn_impl=a.attn)
+                        scan_unroll=a.scan_unroll, attn_impl=a.attn)
     B, T = a.batch, a.seq
     rep = h200_sharding()
     state = jax.eval_shape(lambda: ts.create_train_state(tr.create(cfg, jax.random.key(0)), optax.adamw(1e-5)))
@@ -269,6 +269,7 @@ def main(argv=None):
     p.add_argument("--attn", default="cudnn")
     p.add_argument("--remat", type=int, default=1)
     p.add_argument("--remat-policy", default="nothing")
+    p.add_argument("--scan-unroll", type=int, default=1, help="train: TransformerConfig.scan_unroll")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--peak", type=float, default=800e12, help="matmul FLOP/s for the floor (H200 dense bf16: 989e12)")
@@ -303,7 +304,7 @@ def main(argv=None):
             with open(f"{a.dump}.{v}.hlo", "w") as f:
                 f.write(text)
         mem = comp.memory_analysis()
-        row = dict(variant=v, attn=a.attn, remat=a.remat, remat_policy=a.remat_policy, batch=a.batch, seq=a.seq,
+        row = dict(variant=v, attn=a.attn, remat=a.remat, remat_policy=a.remat_policy, scan_unroll=a.scan_unroll, batch=a.batch, seq=a.seq,
                    temp_gb=getattr(mem, "temp_size_in_bytes", 0) / 1e9 if mem else None,
                    **summarize(kernels(text), a.peak, a.bandwidth, a.top))
         rows.append(row)

@@ -99,6 +99,7 @@ def measure(cfg, variant: str, a) -> dict:
     tokens = a.batch * a.seq
     flops = model_flops_per_token(cfg, a.seq) * tokens
     return dict(variant=variant, preset=a.preset, batch=a.batch, seq=a.seq, remat=a.remat, remat_policy=cfg.remat_policy,
+                scan_unroll=cfg.scan_unroll,
                 params_m=tr.num_params(state.params) / 1e6, step_s=dt, step_s_all=times, tokens_per_s=tokens / dt,
                 tflops=flops / dt / 1e12, mfu=flops / dt / a.peak, compile_s=compile_s,
                 temp_bytes=getattr(mem, "temp_size_in_bytes", None) if mem is not None else None,
@@ -112,6 +113,7 @@ def main(argv=None):
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--remat", type=int, default=1)
     p.add_argument("--remat-policy", default="nothing", help="TransformerConfig.remat_policy: nothing | dots | mlp")
+    p.add_argument("--scan-unroll", type=int, default=1, help="TransformerConfig.scan_unroll (layers per scan step)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--peak", type=float, default=989e12)
     p.add_argument("--variants", default="chunked",
@@ -121,10 +123,11 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.smoke:
         cfg = tr.tiny_config(1024, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
-                             remat=bool(a.remat), remat_policy=a.remat_policy)
+                             remat=bool(a.remat), remat_policy=a.remat_policy, scan_unroll=a.scan_unroll)
         a.preset, a.batch, a.seq, a.reps = "tiny", 2, 64, 1
     else:
-        cfg = preset_config(a.preset, param_dtype="bfloat16", remat=bool(a.remat), remat_policy=a.remat_policy)
+        cfg = preset_config(a.preset, param_dtype="bfloat16", remat=bool(a.remat), remat_policy=a.remat_policy,
+                            scan_unroll=a.scan_unroll)
     rows = []
     for v in a.variants.split(","):
         try:

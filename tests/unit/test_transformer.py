@@ -255,3 +255,29 @@ def test_remat_policies_give_the_same_gradients_and_order_the_saved_memory():
     assert temp["nothing"] < temp["mlp"] < temp["off"], temp
     with pytest.raises(ValueError, match="remat_policy"):
         tr.tiny_config(10, remat_policy="everything")
+
+
+@pytest.mark.parametrize("unroll", [2, 3])
+def test_an_unrolled_layer_scan_gives_the_same_loss_and_gradients(unroll):
+    """`scan_unroll`: layers per iteration of the uncached forward's scan. Partly (2 of 3 layers) or fully
+    unrolled, with the MLP rematerialised: the rolled scan's loss and gradients, and fully unrolled no loop is
+    left in the program (the saved activations are no longer written into [L, ...] stacks)."""
+    cfg = tr.tiny_config(64, num_layers=3, remat=True, remat_policy="mlp")
+    toks = jax.random.randint(jax.random.key(2), (2, 16), 0, 64)
+    out = {}
+    for u in (1, unroll):
+        gd, params = tr.split(tr.create(cfg.replace(scan_unroll=u), jax.random.key(0)))
+
+        def loss(p, gd=gd):
+            logits = tr.merge(gd, p)(toks).astype(jnp.float32)
+            return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, toks[..., None], -1)[..., 0])
+
+        g = jax.jit(jax.value_and_grad(loss))
+        out[u] = g(params), g.lower(params).as_text().count("stablehlo.while")
+    (l1, g1), loops1 = out[1]
+    (lu, gu), loops_u = out[unroll]
+    np.testing.assert_allclose(lu, l1, rtol=1e-6)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), gu, g1)
+    assert loops1 == 2 and loops_u == (0 if unroll == 3 else 2)
+    with pytest.raises(ValueError, match="scan_unroll"):
+        cfg.replace(scan_unroll=0)
