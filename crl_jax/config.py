@@ -41,6 +41,9 @@ class ModelConfig:
     num_kv_heads: int = 2  # tiny preset only: key/value heads
     intermediate_size: int = 128  # tiny preset only: MLP width
     dtype: str = "float32"  # parameter dtype: float32 | bfloat16
+    scan_unroll: int = 1  # layers per iteration of the training forward's layer scan (TransformerConfig.scan_unroll);
+    #                       0 = every layer: straight-line layers, whose saved activations are not copied into
+    #                       [L, ...] stacks (a SmolLM2-shape CPU step 0.78x; compiles longer; bench/RESULTS.md)
     lr: float = 1e-3  # AdamW learning rate (constant); paper uses 1e-6 for 7B/4B LLMs (tiny actor: GRPO tuned
     #                   on seeds 100-103, never on the reported seeds: 3e-3 moved the policy by approx KL 0.3-2
     #                   per update and oscillated, experiments/RESULTS.md)

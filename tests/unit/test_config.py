@@ -43,6 +43,7 @@ def test_parse_overrides_nested():
     (["extraction.update_unretrieved=skip"], "extraction.update_unretrieved"),
     (["rollout.turn_block=-1"], "rollout.turn_block"),
     (["rollout.turn_block=8", "actor.preset=smollm2-135m"], "rollout.turn_block"),
+    (["extractor.scan_unroll=-1"], "extractor.scan_unroll"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as e:
@@ -107,3 +108,18 @@ def test_a_saved_config_with_removed_keys_loads_with_a_warning():
         assert from_dict(drop_removed_keys(old)) == load(None, ["rollout.groups=2"])
     with pytest.raises(ConfigError, match="unknown config key 'bank.bogus'"):  # other unknown keys still fail
         from_dict(drop_removed_keys({**saved, "bank": {**saved["bank"], "bogus": 1}}))
+
+
+def test_scan_unroll_reaches_the_model_config_on_both_paths():
+    """`actor.scan_unroll` / `extractor.scan_unroll` set TransformerConfig.scan_unroll: the tiny path
+    (loop.runtime) and the LLM path (backends.llm.runtime, a random-init preset); 0 = every layer."""
+    from crl_jax.backends.llm import runtime as llm_runtime
+    from crl_jax.loop import runtime as loop_runtime
+
+    cfg = load(None, ["actor.scan_unroll=0", "actor.num_layers=3"])
+    assert loop_runtime._model_config(cfg.actor, 32).scan_unroll == 3
+    assert loop_runtime._model_config(cfg.extractor, 32).scan_unroll == 1
+    llm = load(None, ["actor.preset=smollm2-135m", "actor.scan_unroll=0", "actor.truncate_layers=4",
+                      "extractor.preset=smollm2-135m", "extractor.scan_unroll=2"])
+    assert llm_runtime._load(llm.actor)[0].scan_unroll == 4
+    assert llm_runtime._load(llm.extractor)[0].scan_unroll == 2

@@ -106,9 +106,11 @@ def truncate_layers(mcfg, host, n: int):
 def _load(m):
     spec = _weights_spec(m)
     if not spec:
-        return truncate_layers(model_config(m), None, m.truncate_layers) + (None,)
-    mcfg, host, tok = load_checkpoint(spec, m.dtype)
-    return truncate_layers(mcfg, host, m.truncate_layers) + (tok,)
+        mcfg, host, tok = model_config(m), None, None
+    else:
+        mcfg, host, tok = load_checkpoint(spec, m.dtype)
+    mcfg, host = truncate_layers(mcfg, host, m.truncate_layers)
+    return mcfg.replace(scan_unroll=m.scan_unroll or mcfg.num_layers), host, tok
 
 
 def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=None) -> Runtime:
