@@ -72,8 +72,8 @@ def tile_stats(logits, temperature: float):
     return (jnp.pad(m, (0, padded - n), constant_values=-jnp.inf), jnp.pad(s, (0, padded - n)))
 
 
-def _sample_kernel(step_ref, u_ref, logits_ref, m_ref, s_ref, t_in, lp_in, tok_ref, t_ref, lp_ref, *, chunk,
-                   temperature):
+def _sample_kernel(step_ref, u_ref, logits_ref, m_ref, s_ref, t_in, lp_in, tok_ref, t_ref, lp_ref, done_ref, *,
+                   chunk, temperature, stops):
     del t_in, lp_in  # aliased to t_ref / lp_ref: only slot `step` is written
     i = step_ref[0]
     cv = fd.VOCAB_COLS
@@ -109,15 +109,21 @@ def _sample_kernel(step_ref, u_ref, logits_ref, m_ref, s_ref, t_in, lp_in, tok_r
     tok_ref[0] = tok
     t_ref[0, i] = tok
     lp_ref[0, i] = lp
+    hit = jnp.bool_(False)
+    for stop in stops:  # the stop check here, not in one more XLA kernel
+        hit = hit | (tok == stop)
+    done_ref[0] = hit.astype(i32)
 
 
-def sample(step, u, logits, m, s, out_t, out_lp, *, temperature: float, interpret: bool = False):
+def sample(step, u, logits, m, s, out_t, out_lp, *, temperature: float, stops=(), interpret: bool = False):
     """Draw step `step` [1] int32's token from logits [V] and their tile statistics m, s (`fused_decode.forward`
     or `tile_stats`) with uniform u[step] (u [N] float32; unused when greedy), and write it and its log-prob
-    into column `step` of out_t [1, N] int32 / out_lp [1, N] float32 (in place) -> (tok [1], out_t, out_lp)."""
-    kern = functools.partial(_sample_kernel, chunk=fd.stat_tiles(logits.shape[0])[2], temperature=float(temperature))
+    into column `step` of out_t [1, N] int32 / out_lp [1, N] float32 (in place) -> (tok [1], out_t, out_lp,
+    done [1] int32: 1 if the token is one of `stops`)."""
+    kern = functools.partial(_sample_kernel, chunk=fd.stat_tiles(logits.shape[0])[2], temperature=float(temperature),
+                             stops=tuple(int(t) for t in stops))
     outs = (jax.ShapeDtypeStruct((1,), i32), jax.ShapeDtypeStruct(out_t.shape, i32),
-            jax.ShapeDtypeStruct(out_lp.shape, f32))
+            jax.ShapeDtypeStruct(out_lp.shape, f32), jax.ShapeDtypeStruct((1,), i32))
     return fd._call(kern, outs, (1,), interpret, aliases={5: 1, 6: 2}, name="decode_sample")(
         step, u, logits, m, s, out_t, out_lp)
 
@@ -133,22 +139,21 @@ def decode_loop(model, layers, logits, cache, slot, position, key, cfg, dead, *,
     N, T = cfg.max_new_tokens, float(cfg.temperature)
     start = jnp.stack([jnp.asarray(slot, i32), jnp.asarray(position, i32)])
     u = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(key, i), (1,), f32))(jnp.arange(N))[:, 0]
-    stops = jnp.asarray(cfg.stop_tokens, i32)
 
     def cond(c):
-        return (c[0] < N) & ~c[-1]
+        return (c[0] < N) & (c[-1][0] == 0)
 
     def body(c):
         i, logits, m, s, ks, vs, valid, out_t, out_lp, _ = c
         step = jnp.reshape(i, (1,))
-        tok, out_t, out_lp = sample(step, u, logits, m, s, out_t, out_lp, temperature=T, interpret=interpret)
-        done = jnp.any(tok[0] == stops) if cfg.stop_tokens else jnp.bool_(False)
+        tok, out_t, out_lp, done = sample(step, u, logits, m, s, out_t, out_lp, temperature=T, stops=cfg.stop_tokens,
+                                          interpret=interpret)
         logits, m, s, ks, vs, valid = fd.forward(model, layers, tok, step, start, ks, vs, valid, temperature=T,
                                                  interpret=interpret)
         return i + 1, logits, m, s, ks, vs, valid, out_t, out_lp, done
 
     m, s = tile_stats(logits[0], T)
     init = (jnp.int32(0), logits[0], m, s, cache["k"], cache["v"], cache["valid"][0].astype(i32),
-            jnp.full((1, N), cfg.pad_id, i32), jnp.zeros((1, N), f32), dead[0])
+            jnp.full((1, N), cfg.pad_id, i32), jnp.zeros((1, N), f32), dead.astype(i32))
     steps, _, _, _, ks, vs, valid, out_t, out_lp, _ = jax.lax.while_loop(cond, body, init)
     return steps, dict(cache, k=ks, v=vs, valid=valid[None] != 0), out_t, out_lp

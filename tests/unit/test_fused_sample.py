@@ -45,12 +45,13 @@ def test_the_head_kernel_writes_the_tile_statistics(temperature):
     np.testing.assert_allclose(s, want_s, rtol=1e-5)
 
 
-def _draw(logits, u, temperature, step=2, N=5):
+def _draw(logits, u, temperature, step=2, N=5, stops=(5, 7)):
     m, s = fs.tile_stats(logits, temperature)
     out_t, out_lp = jnp.full((1, N), -1, jnp.int32), jnp.full((1, N), 9.0, jnp.float32)
     us = jnp.zeros((N,), jnp.float32).at[step].set(u)
-    tok, out_t, out_lp = fs.sample(jnp.array([step], jnp.int32), us, logits, m, s, out_t, out_lp,
-                                   temperature=temperature, interpret=True)
+    tok, out_t, out_lp, done = fs.sample(jnp.array([step], jnp.int32), us, logits, m, s, out_t, out_lp,
+                                         temperature=temperature, stops=stops, interpret=True)
+    assert int(done[0]) == int(int(tok[0]) in stops)  # the stop check
     others = np.delete(np.arange(N), step)
     assert np.all(np.asarray(out_t)[0, others] == -1) and np.all(np.asarray(out_lp)[0, others] == 9.0)
     assert int(out_t[0, step]) == int(tok[0])
@@ -86,7 +87,7 @@ def test_the_draw_at_the_ends_of_the_unit_interval(u):
 
 def test_greedy_takes_the_first_maximum_across_tiles():
     logits = _logits(1024, 4).at[300].set(50.0).at[700].set(50.0).at[299].set(50.0)
-    tok, lp = _draw(logits, 0.3, 0.0)
+    tok, lp = _draw(logits, 0.3, 0.0, stops=(3, 299))  # a stop token: done
     assert tok == 299 == int(jnp.argmax(logits))
     np.testing.assert_allclose(lp, float(jax.nn.log_softmax(logits)[299]), atol=1e-5)
 
@@ -124,6 +125,6 @@ def test_the_draw_lowers_for_cuda_with_triton(temperature):
     sds = jax.ShapeDtypeStruct
     args = (sds((1,), jnp.int32), sds((N,), jnp.float32), sds((V,), jnp.float32), sds((384,), jnp.float32),
             sds((384,), jnp.float32), sds((1, N), jnp.int32), sds((1, N), jnp.float32))
-    draw = lambda *a: fs.sample(*a, temperature=temperature)  # noqa: E731
+    draw = lambda *a: fs.sample(*a, temperature=temperature, stops=(2, V - 1))  # noqa: E731
     text = jax.jit(draw).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("xla.gpu.triton") == 1 and "decode_sample" in text
