@@ -118,11 +118,11 @@ def _chunks(n: int, body, carry):
     return carry
 
 
-def _residual_chunk(base_ref, parts_ref, n_parts: int, c, dtype, row=None):
+def _residual_chunk(base_ref, parts_ref, n_parts: int, c, dtype, token=None):
     """Chunk c (CH values, float32) of the residual stream: base + the sum of the n_parts rows of the previous
-    kernel's partials, added in a fixed order and rounded as `h + (...).astype(h.dtype)` is. `row`: base_ref is
-    the embedding table and the residual is its row `row` (the first layer: no lookup kernel before it)."""
-    x = (base_ref[pl.ds(c * CH, CH)] if row is None else base_ref[row, pl.ds(c * CH, CH)]).astype(f32)
+    kernel's partials, added in a fixed order and rounded as `h + (...).astype(h.dtype)` is. `token`: base_ref is
+    the embedding table and the residual is that token's row (the first layer: no lookup kernel before it)."""
+    x = (base_ref[pl.ds(c * CH, CH)] if token is None else base_ref[token, pl.ds(c * CH, CH)]).astype(f32)
     if parts_ref is None:
         return x
     total, row = jnp.zeros((CH,), f32), 0
@@ -134,13 +134,13 @@ def _residual_chunk(base_ref, parts_ref, n_parts: int, c, dtype, row=None):
 
 
 def _normed_pair(base_ref, parts_ref, n_parts: int, wn_ref, w_ref, col_a, col_b, width: int, H: int, eps: float,
-                 x_out_ref, writer, dtype, row=None):
+                 x_out_ref, writer, dtype, token=None):
     """RMSNorm(x) @ w[:, col_a : col_a + width] and @ w[:, col_b : col_b + width] (float32), for the residual x
     = base + partials (`_residual_chunk`), which the program where `writer` holds also writes to x_out_ref. The
     norm is folded in: the sum of squares is accumulated in the same pass, the products scaled at the end."""
     def body(c, carry):
         ss, a, b = carry
-        xc = _residual_chunk(base_ref, parts_ref, n_parts, c, dtype, row)
+        xc = _residual_chunk(base_ref, parts_ref, n_parts, c, dtype, token)
 
         @pl.when(writer)
         def _():
@@ -275,10 +275,10 @@ def _mlp_kernel(base_ref, parts_ref, wn_ref, wgu_ref, wd_ref, h_ref, out_ref, *,
 
 def _head_kernel(x_ref, wn_ref, w_ref, out_ref, m_ref, s_ref, *, H, eps, tied, n_tiles, temperature):
     """x [H]: the last layer's output, already summed (`_sum_kernel`: 384 programs each adding up the MLP's
-    partials would read them 384 times). Program v: the logits of tokens v * VOCAB_COLS ..., and the statistics of its
-    tile that `fused_sample` draws from: m = max(logits / T), s = sum(exp(logits / T - m)) (T = `temperature`,
-    1 when greedy). Programs past the vocabulary's tiles (the statistics are padded to whole chunks) write an
-    empty tile (m = -inf, s = 0)."""
+    partials would read them 384 times). Program v: the logits of tokens v * VOCAB_COLS ..., and the statistics
+    of its tile that `fused_sample` draws from: m = max(logits / T), s = sum(exp(logits / T - m)) (T =
+    `temperature`, 1 when greedy). Programs past the vocabulary's tiles (the statistics are padded to whole
+    chunks) write an empty tile (m = -inf, s = 0)."""
     v = pl.program_id(0)
     cv = VOCAB_COLS
 
@@ -334,11 +334,11 @@ def decode_step(model, layers, tok, position, cache: dict, cache_index, *, inter
 
 
 def forward(model, layers, tok, step, start, ks, vs, valid, *, temperature: float = 1.0, interpret: bool = False):
-    """The kernels of one batch-1 step, with no XLA operation between them but the last layer's partial sums:
-    token tok [1] (int32) at cache slot start[0] + step[0] and position start[1] + step[0] (step [1], start [2]
-    int32: a loop passes its counter and loop-invariant bases, so no kernel computes the slot). ks / vs: the
-    per-layer cache buffers; valid: int32 [S], the step's slot set to 1 in place. -> (logits [V] float32, the
-    head's tile statistics m, s [`stat_tiles`(V)[1]] at `temperature`, ks, vs, valid)."""
+    """The kernels of one batch-1 step, with no XLA operation between them: token tok [1] (int32) at cache slot
+    start[0] + step[0] and position start[1] + step[0] (step [1], start [2] int32: a loop passes its counter and
+    loop-invariant bases, so no kernel computes the slot). ks / vs: the per-layer cache buffers; valid: int32
+    [S], the step's slot set to 1 in place. -> (logits [V] float32, the head's tile statistics m, s
+    [`stat_tiles`(V)[1]] at `temperature`, ks, vs, valid)."""
     cfg = model.cfg
     H, D, I, V = cfg.hidden_size, cfg.dim_head, cfg.intermediate_size, cfg.vocab_size
     Nq, Nkv, L = cfg.num_heads, cfg.num_kv_heads, cfg.num_layers
@@ -381,7 +381,8 @@ def forward(model, layers, tok, step, start, ks, vs, valid, *, temperature: floa
         n_parts = n_mlp
         if n_mlp > MAX_PARTS or i == L - 1:  # summed once by one kernel (see MAX_PARTS; the head's input)
             kern = functools.partial(_sum_kernel, n_parts=n_mlp, dtype=dtype)
-            x, parts, n_parts = _call(kern, shape(H, dt=dtype), (H // CH,), interpret, name="decode_sum")(x, parts), None, 0
+            x = _call(kern, shape(H, dt=dtype), (H // CH,), interpret, name="decode_sum")(x, parts)
+            parts, n_parts = None, 0
     tied = cfg.tie_embeddings
     n_tiles, padded, _ = stat_tiles(V)
     kern = functools.partial(_head_kernel, H=H, eps=eps, tied=tied, n_tiles=n_tiles, temperature=float(temperature))

@@ -17,10 +17,10 @@ angles, the cache's valid mask and the output writes most of the rest. Here:
 - the uniforms of every step are drawn before the loop, each from `fold_in(key, step)` as the XLA loop does, so
   the two paths draw the same token from the same key (up to float32 rounding at a boundary, ~1e-7).
 
-It also checks the token against the stop tokens, for the loop's condition. A step is then the layers' kernels,
-the last layer's partial sum, the head's, this one, and the loop's counter. `decode_loop` runs it when the sampling is plain (temperature only: no top-k / top-p, no
-allowed-token mask, no first-token mixing); otherwise `sampling.continue_tokens` keeps XLA's sampling between
-`fused_decode.decode_step`s.
+The draw also checks the token against the stop tokens, for the loop's condition. A step is then the layers'
+kernels, the last layer's partial sum, the head's, the draw, and the loop's counter. `decode_loop` runs it when
+the sampling is plain (temperature only: no top-k / top-p, no allowed-token mask, no first-token mixing);
+otherwise `sampling.continue_tokens` keeps XLA's sampling between `fused_decode.decode_step`s.
 """
 
 from __future__ import annotations

@@ -304,7 +304,8 @@ def main(argv=None):
             with open(f"{a.dump}.{v}.hlo", "w") as f:
                 f.write(text)
         mem = comp.memory_analysis()
-        row = dict(variant=v, attn=a.attn, remat=a.remat, remat_policy=a.remat_policy, scan_unroll=a.scan_unroll, batch=a.batch, seq=a.seq,
+        row = dict(variant=v, attn=a.attn, remat=a.remat, remat_policy=a.remat_policy, scan_unroll=a.scan_unroll,
+                   batch=a.batch, seq=a.seq,
                    temp_gb=getattr(mem, "temp_size_in_bytes", 0) / 1e9 if mem else None,
                    **summarize(kernels(text), a.peak, a.bandwidth, a.top))
         rows.append(row)
