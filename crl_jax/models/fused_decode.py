@@ -304,9 +304,9 @@ def _head_kernel(x_ref, wn_ref, w_ref, out_ref, m_ref, s_ref, *, H, eps, tied, n
 
     if m_ref.shape[0] > n_tiles:
         @pl.when(v >= n_tiles)
-        def _():
-            m_ref[v] = jnp.float32(-jnp.inf)
-            s_ref[v] = jnp.float32(0.0)
+        def _():  # an empty tile
+            m_ref[pl.ds(v, 1)] = jnp.full((1,), -jnp.inf, f32)
+            s_ref[pl.ds(v, 1)] = jnp.zeros((1,), f32)
 
 
 def stat_tiles(vocab_size: int) -> tuple[int, int, int]:

@@ -144,10 +144,13 @@ def decode_loop(model, layers, logits, cache, slot, position, key, cfg, dead, *,
         return (c[0] < N) & (c[-1][0] == 0)
 
     def body(c):
-        i, logits, m, s, ks, vs, valid, out_t, out_lp, _ = c
+        i, logits, m, s, ks, vs, valid, out_t, out_lp, done = c
         step = jnp.reshape(i, (1,))
-        tok, out_t, out_lp, done = sample(step, u, logits, m, s, out_t, out_lp, temperature=T, stops=cfg.stop_tokens,
-                                          interpret=interpret)
+        tok, out_t, out_lp, hit = sample(step, u, logits, m, s, out_t, out_lp, temperature=T, stops=cfg.stop_tokens,
+                                         interpret=interpret)
+        # Without stop tokens `done` stays the loop-invariant `dead`, so XLA knows the trip count (a GPU then runs
+        # the loop without reading its condition back to the host at every step).
+        done = hit if cfg.stop_tokens else done
         logits, m, s, ks, vs, valid = fd.forward(model, layers, tok, step, start, ks, vs, valid, temperature=T,
                                                  interpret=interpret)
         return i + 1, logits, m, s, ks, vs, valid, out_t, out_lp, done

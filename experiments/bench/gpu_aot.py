@@ -248,7 +248,7 @@ def decode_program(kernel: str, a):
     _as_gpu(fused_decode)
     _as_gpu(fused_sample)
     rep = h200_sharding()
-    cfg = preset_config("smollm2-135m", param_dtype="bfloat16")
+    cfg = preset_config(a.decode_preset, param_dtype="bfloat16")
     gd, params = tr.split(nnx.eval_shape(lambda: tr.create(cfg, jax.random.key(0))))
     put = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep)  # noqa: E731
 
@@ -264,6 +264,7 @@ def decode_program(kernel: str, a):
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--what", default="train", help="train (variants: chunked, fused) | decode (variants: xla, pallas)")
+    p.add_argument("--decode-preset", default="smollm2-135m", help="decode: the model shape (models.presets)")
     p.add_argument("--variants", default="chunked,fused")
     p.add_argument("--new-tokens", type=int, default=128, help="decode: tokens generated")
     p.add_argument("--attn", default="cudnn")
@@ -291,7 +292,7 @@ def main(argv=None):
             kinds = defaultdict(int)
             for k in loop:
                 kinds[re.sub(r"[._]\d+$", "", k["name"])] += k["trips"] // steps
-            row = dict(variant=v, batch=a.batch, prompt=a.seq, new_tokens=a.new_tokens, decode_steps=steps,
+            row = dict(variant=v, preset=a.decode_preset, batch=a.batch, prompt=a.seq, new_tokens=a.new_tokens, decode_steps=steps,
                        launches_per_step=sum(k["trips"] for k in loop) / steps,
                        kernels_per_step=dict(sorted(kinds.items(), key=lambda kv: -kv[1])))
             rows.append(row)

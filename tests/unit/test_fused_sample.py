@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from crl_jax import sampling as S
 from crl_jax.models import fused_decode as fd
@@ -128,3 +129,21 @@ def test_the_draw_lowers_for_cuda_with_triton(temperature):
     draw = lambda *a: fs.sample(*a, temperature=temperature, stops=(2, V - 1))  # noqa: E731
     text = jax.jit(draw).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("xla.gpu.triton") == 1 and "decode_sample" in text
+
+
+def test_a_step_with_padded_tile_statistics_lowers_for_cuda():
+    """Vocabulary 384 (3 tiles, padded to 4): the head's programs past the vocabulary write an empty tile, which
+    Triton must lower too (a scalar store of an infinite literal does not)."""
+    cfg = tr.TransformerConfig(vocab_size=384, hidden_size=128, intermediate_size=96, num_layers=1, num_heads=4,
+                               num_kv_heads=2, head_dim=32)
+    gd, params = tr.split(nnx.eval_shape(lambda: tr.create(cfg, jax.random.key(0))))
+    cache = jax.eval_shape(lambda: tr.split_cache(tr.init_cache(cfg, 1, 64)))
+
+    def step(params, tok, pos, cache, idx):
+        m = tr.merge(gd, params)
+        return fd.decode_step(m, m.layer_list(fused=True), tok, pos, cache, idx)
+
+    i32 = jax.ShapeDtypeStruct((1,), jnp.int32)
+    text = jax.jit(step).trace(params, i32, i32, cache, jax.ShapeDtypeStruct((), jnp.int32)).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert text.count("xla.gpu.triton") == 3 + 2
