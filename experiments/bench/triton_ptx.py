@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import os
@@ -33,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sampler import set_fused_tiles  # noqa: E402
 
 from crl_jax.models import fused_decode as fd  # noqa: E402
+from crl_jax.models import fused_sample  # noqa: E402
 from crl_jax.models import transformer as tr  # noqa: E402
 from crl_jax.models.presets import preset_config  # noqa: E402
 
@@ -65,7 +67,8 @@ print(json.dumps(rows))
 
 
 def triton_modules(preset: str) -> dict[str, str]:
-    """{kernel name: Triton IR text} of one decode step of the preset's shape (2 layers, bf16)."""
+    """{kernel name: Triton IR text} of one decode step of the preset's shape (2 layers, bf16), and of the token's
+    draw (`fused_sample`) from its vocabulary at temperature 1 and greedy."""
     cfg = preset_config(preset, param_dtype="bfloat16").replace(num_layers=2)
     gd, params = tr.split(nnx.eval_shape(lambda: tr.create(cfg, jax.random.key(0))))
     cache = jax.eval_shape(lambda: tr.split_cache(tr.init_cache(cfg, 1, 256)))
@@ -75,12 +78,19 @@ def triton_modules(preset: str) -> dict[str, str]:
         return fd.decode_step(m, m.layer_list(fused=True), tok, pos, cache, idx)
 
     i32 = jax.ShapeDtypeStruct((1,), jnp.int32)
+    padded, N = fd.stat_tiles(cfg.vocab_size)[1], 128
+    vec = lambda n, dt=jnp.float32: jax.ShapeDtypeStruct((n,), dt)  # noqa: E731
+    draw_args = (i32, vec(N), vec(cfg.vocab_size), vec(padded), vec(padded), jax.ShapeDtypeStruct((1, N), jnp.int32),
+                 jax.ShapeDtypeStruct((1, N), jnp.float32))
     buf = io.StringIO()
     fd.DEBUG = True
     try:
         with contextlib.redirect_stdout(buf):
             jax.jit(step).trace(params, i32, i32, cache, jax.ShapeDtypeStruct((), jnp.int32)).lower(
                 lowering_platforms=("cuda",))
+            for temp in (1.0, 0.0):
+                draw = functools.partial(fused_sample.sample, temperature=temp, stops=(2,))
+                jax.jit(draw).trace(*draw_args).lower(lowering_platforms=("cuda",))
     finally:
         fd.DEBUG = False
     out = {}
