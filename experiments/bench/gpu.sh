@@ -132,6 +132,11 @@ else
   step llm_head 90 llm_head.py --loss extractor,actor --batch 8 --prompt-len 768 --reply-len 16 --turns 8 \
     --dtype bfloat16 --reps 3
   if [ "$EXPLORE" = 1 ]; then
+    # first: the MFU target's best candidates by gpu_aot.py's count (RESULTS.md, session 19)
+    step explore_mfu_unroll 150 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
+      --scan-unroll 24 --variants cudnn_fused
+    step explore_mfu_unroll_mlp 150 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 \
+      --remat-policy mlp --scan-unroll 24 --variants cudnn_fused
     step explore_pallas_tiles 150 sampler.py --model smollm2-shape --batches 1 --prompt-len 128 --new-tokens 128 \
       --dtype bfloat16 --reps 3 --decode-kernel pallas \
       --fused-set "UNROLL=0;UNROLL=1;MLP_COLS=64;NUM_WARPS=2;NUM_WARPS=8;NUM_STAGES=1"
@@ -151,10 +156,6 @@ else
       --variants cudnn,cudnn_fused
     step explore_mfu_mlp 70 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat-policy mlp \
       --variants cudnn_fused
-    step explore_mfu_unroll 120 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
-      --scan-unroll 24 --variants cudnn_fused
-    step explore_mfu_unroll_mlp 120 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 \
-      --remat-policy mlp --scan-unroll 24 --variants cudnn_fused
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" step explore_mfu_cublas 70 train_mfu.py \
       --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --variants cudnn_fused
   fi
