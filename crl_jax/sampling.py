@@ -22,7 +22,8 @@ as straight-line code over weights sliced once before the loop (a layer scan ins
 layer's weights at every step), with the q/k/v and gate/up projections fused into one matmul each (fewer,
 larger ops: a batch-1 step is mostly per-op cost), and over one KV buffer per layer (`transformer.split_cache`;
 reading a layer out of the stacked cache is a copy per layer and step), stacked again after the loop. With
-`decode_kernel="pallas"` a batch-1 decode step is three Pallas kernels per layer (`models.fused_decode`).
+`decode_kernel="pallas"` a batch-1 decode step is three Pallas kernels per layer (`models.fused_decode`), and
+with plain sampling the draw is one more (`models.fused_sample`).
 
 Sampling order (per step, per row): allowed-token mask -> temperature -> top-k -> top-p (nucleus) ->
 categorical (by inverse CDF of one uniform per row, `categorical_inverse_cdf`). The returned log-prob is that
