@@ -292,7 +292,8 @@ def main(argv=None):
             kinds = defaultdict(int)
             for k in loop:
                 kinds[re.sub(r"[._]\d+$", "", k["name"])] += k["trips"] // steps
-            row = dict(variant=v, preset=a.decode_preset, batch=a.batch, prompt=a.seq, new_tokens=a.new_tokens, decode_steps=steps,
+            row = dict(variant=v, preset=a.decode_preset, batch=a.batch, prompt=a.seq, new_tokens=a.new_tokens,
+                       decode_steps=steps,
                        launches_per_step=sum(k["trips"] for k in loop) / steps,
                        kernels_per_step=dict(sorted(kinds.items(), key=lambda kv: -kv[1])))
             rows.append(row)
