@@ -23,9 +23,9 @@ and a floor for the step: matmul FLOPs at `--peak` plus the other kernels' bytes
 memory kernels are printed with the JAX operation they came from. What:
 - `train`: `train_mfu.py`'s step at the Qwen2.5-0.5B shape (variants chunked / fused head, `--remat-policy`,
   `--attn`);
-- `decode`: `sampling.generate` at the SmolLM2-135M shape (variants: `decode_kernel` xla / pallas; `--batch`,
-  `--seq` = prompt, `--new-tokens`): the kernel launches per decode step, by kind (the Pallas kernels are
-  compiled by XLA's own Triton for sm_90 here, so this also checks that they build).
+- `decode`: `sampling.generate` at the SmolLM2-135M shape, or `--decode-preset`'s (variants: `decode_kernel`
+  xla / pallas; `--batch`, `--seq` = prompt, `--new-tokens`): the kernel launches per decode step, by kind (the
+  Pallas kernels are compiled by XLA's own Triton for sm_90 here, so this also checks that they build).
 """
 
 from __future__ import annotations
@@ -235,8 +235,8 @@ def _as_gpu(module):
 
 
 def decode_program(kernel: str, a):
-    """`sampling.generate` at the SmolLM2-135M shape, bf16, batch `a.batch`, prompt `a.seq`, `a.new_tokens` new
-    tokens, temperature 1, with `decode_kernel` = kernel."""
+    """`sampling.generate` at the shape of `a.decode_preset` (SmolLM2-135M by default), bf16, batch `a.batch`,
+    prompt `a.seq`, `a.new_tokens` new tokens, temperature 1, with `decode_kernel` = kernel."""
     from flax import nnx
 
     from crl_jax import sampling
