@@ -24,6 +24,23 @@ def _model(seed=0, **kw):
     return tr.merge(gd, state)
 
 
+def lowered_step_for_cuda(cfg, capacity: int) -> str:
+    """The StableHLO text of one fused decode step (`fused_decode.decode_step`) of a model of `cfg` with a
+    `capacity`-slot cache, lowered for a CUDA GPU from any backend (shapes only: no weights are made)."""
+    from crl_jax.models import fused_decode as fd
+
+    gd, params = tr.split(nnx.eval_shape(lambda: tr.create(cfg, jax.random.key(0))))
+    cache = jax.eval_shape(lambda: tr.split_cache(tr.init_cache(cfg, 1, capacity)))
+
+    def step(params, tok, pos, cache, idx):
+        m = tr.merge(gd, params)
+        return fd.decode_step(m, m.layer_list(fused=True), tok, pos, cache, idx)
+
+    i32 = jax.ShapeDtypeStruct((1,), jnp.int32)
+    return jax.jit(step).trace(params, i32, i32, cache, jax.ShapeDtypeStruct((), jnp.int32)).lower(
+        lowering_platforms=("cuda",)).as_text()
+
+
 def _prefilled(model, S_cap, P=21, pad=3):
     """A per-layer cache holding a left-padded prompt (slots 0 .. pad-1 invalid), ready for slot P."""
     cache = tr.init_cache(model.cfg, 1, S_cap)

@@ -7,13 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from crl_jax import sampling as S
 from crl_jax.models import fused_decode as fd
 from crl_jax.models import fused_sample as fs
 from crl_jax.models import transformer as tr
-from _fused_models import _model, _prefilled  # tests/ is on sys.path (conftest.py)
+from _fused_models import _model, _prefilled, lowered_step_for_cuda  # tests/ is on sys.path (conftest.py)
 
 
 @pytest.mark.parametrize("kw,S_cap", [
@@ -86,16 +85,7 @@ def test_the_kernels_lower_for_cuda_with_triton():
     q/k norms: every kernel lowers to a Triton call (power-of-two blocks, supported operations)."""
     cfg = tr.TransformerConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=2, num_heads=9,
                                num_kv_heads=3, param_dtype="bfloat16", attention_bias=True, qk_norm=True)
-    gd, params = tr.split(nnx.eval_shape(lambda: tr.create(cfg, jax.random.key(0))))
-    cache = jax.eval_shape(lambda: tr.split_cache(tr.init_cache(cfg, 1, 256)))
-
-    def step(params, tok, pos, cache, idx):
-        m = tr.merge(gd, params)
-        return fd.decode_step(m, m.layer_list(fused=True), tok, pos, cache, idx)
-
-    args = (params, jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32), cache,
-            jax.ShapeDtypeStruct((), jnp.int32))
-    text = jax.jit(step).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    text = lowered_step_for_cuda(cfg, 256)
     assert text.count("xla.gpu.triton") == 3 * cfg.num_layers + 2  # + the last layer's sum and the head
     for name in ("decode_qkv", "decode_attn", "decode_mlp", "decode_sum", "decode_head"):
         assert name in text

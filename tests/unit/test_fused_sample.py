@@ -8,13 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from crl_jax import sampling as S
 from crl_jax.models import fused_decode as fd
 from crl_jax.models import fused_sample as fs
 from crl_jax.models import transformer as tr
-from _fused_models import _model, _prefilled  # tests/ is on sys.path (conftest.py)
+from _fused_models import _model, _prefilled, lowered_step_for_cuda  # tests/ is on sys.path (conftest.py)
 
 
 def _logits(V, seed, spread=3.0):
@@ -136,14 +135,5 @@ def test_a_step_with_padded_tile_statistics_lowers_for_cuda():
     Triton must lower too (a scalar store of an infinite literal does not)."""
     cfg = tr.TransformerConfig(vocab_size=384, hidden_size=128, intermediate_size=96, num_layers=1, num_heads=4,
                                num_kv_heads=2, head_dim=32)
-    gd, params = tr.split(nnx.eval_shape(lambda: tr.create(cfg, jax.random.key(0))))
-    cache = jax.eval_shape(lambda: tr.split_cache(tr.init_cache(cfg, 1, 64)))
-
-    def step(params, tok, pos, cache, idx):
-        m = tr.merge(gd, params)
-        return fd.decode_step(m, m.layer_list(fused=True), tok, pos, cache, idx)
-
-    i32 = jax.ShapeDtypeStruct((1,), jnp.int32)
-    text = jax.jit(step).trace(params, i32, i32, cache, jax.ShapeDtypeStruct((), jnp.int32)).lower(
-        lowering_platforms=("cuda",)).as_text()
+    text = lowered_step_for_cuda(cfg, 64)
     assert text.count("xla.gpu.triton") == 3 + 2
