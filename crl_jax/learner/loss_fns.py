@@ -9,8 +9,9 @@ Full-sequence (the LLM path; `ActorBatch` / `ExtractorBatch` of `train_state`): 
 `extractor_cispo_loss(cfg)` score every response token under the model's full-vocabulary distribution
 (`train_state.token_logprobs`; with the batch's static bound on trained tokens, `ActorBatch.trained_width` /
 `ExtractorBatch.response_width`, the vocabulary head runs over those tokens only, `compact_token_logprobs`).
-Both losses are sums of per-token terms (PPO with ratio "token"), so by default (`fused_head`) a transformer's
-head computes their gradient in its forward pass (`train_state.token_loss`: three vocabulary matmuls, not four).
+Both losses are sums of per-token terms, so by default (`fused_head`) a transformer's head computes their gradient
+in its forward pass (`train_state.token_loss`: three vocabulary matmuls, not four); with PPO's ratio "sequence" a
+term depends on its whole row, and the head's chunks hold whole rows (`rowwise`).
 
 Constrained-vocabulary (the tiny path; `TurnBatch`, and `ExtractorBatch`): `actor_turn_loss`,
 `extractor_constrained_loss`. There the actor samples its action from the softmax over the action
@@ -58,7 +59,7 @@ class PPOLossConfig:
     kl_coef: float = 0.0  # k3 KL to ActorBatch.ref_logp; off, as in the paper
     entropy_metric: bool = True
     # a transformer's vocabulary head takes the loss's gradient in its forward pass (`train_state.token_loss`:
-    # three vocabulary matmul passes, not four) when the loss is a sum of per-token terms (ratio "token")
+    # three vocabulary matmul passes, not four); ratio "sequence" too, the head's chunks holding whole rows
     fused_head: bool = True
 
 
@@ -94,24 +95,29 @@ def _row(x, like):
 def actor_ppo_loss(cfg: PPOLossConfig = PPOLossConfig()) -> LossFn:
     """fn(graphdef, params, ActorBatch) -> (num, (den, metrics)) of `losses.ppo_clip_loss`. With the batch's static
     `trained_width` (the LLM backend sets it) the vocabulary head scores only the replies' tokens
-    (`compact_token_logprobs`); None: every position. With `cfg.fused_head` and ratio "token", a transformer's
-    numerator is summed token by token (`losses.ppo_token_terms`, `train_state.token_loss`); the denominator and
-    metrics come from `ppo_clip_loss_parts` on the same log-probs."""
+    (`compact_token_logprobs`); None: every position. With `cfg.fused_head`, a transformer's numerator is summed
+    token by token (`losses.ppo_token_terms`, or row by row with ratio "sequence": `losses.ppo_sequence_terms`;
+    `train_state.token_loss`); the denominator and metrics come from `ppo_clip_loss_parts` on the same log-probs."""
 
     def token_fn(lp, x):
         return losses.ppo_token_terms(lp, x["behavior"], x["adv"], x["coef"], clip_eps=cfg.clip_eps,
                                       ref_logp=x.get("ref"), kl_coef=cfg.kl_coef)
 
+    def row_fn(lp, x, valid):
+        return losses.ppo_sequence_terms(lp, x["behavior"], x["adv"], x["coef"], valid, clip_eps=cfg.clip_eps,
+                                         ref_logp=x.get("ref"), kl_coef=cfg.kl_coef)
+
     def fn(graphdef, params, batch: ActorBatch):
         mask = _trained_mask(batch)
-        fused = cfg.fused_head and cfg.ratio == "token" and _has_head(graphdef, params)
+        fused = cfg.fused_head and _has_head(graphdef, params)
         if fused:
             coef = losses.row_coefficients(mask, batch.weight, cfg.aggregation)
             aux = dict(behavior=batch.behavior_logp, adv=_row(batch.advantages, mask), coef=_row(coef, mask))
             if batch.ref_logp is not None and cfg.kl_coef:
                 aux["ref"] = batch.ref_logp
-            total, logp, ent = token_loss(graphdef, params, batch.tokens, mask, token_fn, aux,
-                                          max_trained=batch.trained_width)
+            seq = cfg.ratio == "sequence"
+            total, logp, ent = token_loss(graphdef, params, batch.tokens, mask, row_fn if seq else token_fn, aux,
+                                          max_trained=batch.trained_width, rowwise=seq)
         else:
             logp, ent = _logprobs(graphdef, params, batch.tokens, mask, batch.trained_width, cfg.entropy_metric)
         num, den, metrics = losses.ppo_clip_loss_parts(

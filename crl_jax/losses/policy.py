@@ -263,6 +263,25 @@ def ppo_token_terms(logp, behavior_logp, advantages, coef, *, clip_eps: float = 
     return coef.astype(_F32) * per_tok
 
 
+def ppo_sequence_terms(logp, behavior_logp, advantages, coef, mask, *, clip_eps: float = 0.2, ref_logp=None,
+                       kl_coef: float = 0.0):
+    """Each valid token's share of `ppo_clip_loss_parts`' numerator with ratio="sequence":
+
+    c_b * (ppo_clip_token_loss(sequence_log_ratio(log r_b, m_b), A_b) + kl_coef * k3(logp, ref_logp))  on the mask
+    with c_b the row's `row_coefficients`. Not elementwise over tokens: each term depends on every valid log-prob
+    of its row through the shared ratio, so a caller that splits the batch keeps rows whole.
+    All arguments [B, T] (broadcast per-row values to it) -> [B, T] float32, 0 off the mask.
+    """
+    chex.assert_rank(logp, 2)
+    chex.assert_equal_shape([logp, behavior_logp, advantages, coef, mask])
+    lp = logp.astype(_F32)
+    log_r = jax.vmap(sequence_log_ratio)(log_ratio(lp, behavior_logp, mask), mask)
+    per_tok = ppo_clip_token_loss(log_r, advantages.astype(_F32), clip_eps)
+    if ref_logp is not None and kl_coef:
+        per_tok = per_tok + kl_coef * k3_kl(lp, ref_logp, mask)
+    return jnp.where(mask, coef.astype(_F32) * per_tok, 0.0)
+
+
 def ppo_clip_loss(logp, behavior_logp, advantages, mask, *, clip_eps: float = 0.2, ratio: str = "token",
                   aggregation: str = "seq_mean_token_mean", sample_weight=None, logits=None,
                   entropy_t=None, ref_logp=None, kl_coef: float = 0.0):

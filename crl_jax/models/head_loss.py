@@ -18,7 +18,10 @@ dh, dw times the incoming cotangent of the sum. Memory: one chunk's [r, V] logit
 of a [r, vocab_chunk] tile, plus the [H, V] float32 gradient accumulator both paths have.
 
 f must be elementwise over tokens (the vjp of a chunk's sum is only each token's own derivative if no token's
-term depends on another token); a sequence-level ratio (GSPO) is not, and keeps the general path. The returned
+term depends on another token), or, with `group=L`, over groups of L consecutive rows: a sequence-level ratio
+(GSPO) makes each of a sequence's terms depend on all of its log-probs, so the rows come as whole sequences of L
+slots, every chunk holds whole sequences (max(1, token_chunk // L) of them), and f sees them as [c, L]. The
+vjp of a chunk's sum is then exact again, since no term depends on a row of another chunk. The returned
 log-probs and entropies are for metrics and carry no gradient.
 """
 
@@ -53,6 +56,19 @@ def _softmax_stats(z):
                           _combine, (1,))
 
 
+def _grouped(token_fn, group: int):
+    """fn(lp [r], aux_r, valid [r]) -> [r]: token_fn(lp, aux_r) for group 1, else token_fn on [r / group, group]
+    blocks of all three (a group's terms need to know which of its rows count)."""
+    if group == 1:
+        return lambda lp, aux, valid: token_fn(lp, aux)
+
+    def fn(lp, aux, valid):
+        blocks = lambda x: x.reshape((-1, group) + x.shape[1:])  # noqa: E731
+        return token_fn(blocks(lp), jax.tree.map(blocks, aux), blocks(valid)).reshape(lp.shape)
+
+    return fn
+
+
 def _chunk(h_r, tgt_r, valid_r, aux_r, w, token_fn, temperature: float):
     """One chunk of rows -> (sum of f, logp [r], entropy [r], dh [r, H] float32, dw [H, V] float32)."""
     mm = jnp.promote_types(h_r.dtype, w.dtype)
@@ -61,7 +77,7 @@ def _chunk(h_r, tgt_r, valid_r, aux_r, w, token_fn, temperature: float):
     lse = m + jnp.log(s)
     ent = lse - t / s
     logp = jnp.take_along_axis(z, tgt_r[:, None], axis=-1)[:, 0] - lse
-    vals, vjp = jax.vjp(lambda lp: jnp.where(valid_r, token_fn(lp, aux_r), 0.0), logp)
+    vals, vjp = jax.vjp(lambda lp: jnp.where(valid_r, token_fn(lp, aux_r, valid_r), 0.0), logp)
     (g,) = vjp(jnp.ones_like(vals))
     p = jnp.exp(z - lse[:, None])
     onehot = (jnp.arange(z.shape[1])[None, :] == tgt_r[:, None]).astype(_F32)
@@ -74,9 +90,14 @@ def _chunk(h_r, tgt_r, valid_r, aux_r, w, token_fn, temperature: float):
     return vals.sum(), logp, ent, dh, dw
 
 
-def _fwd_all(h, w, tgt, valid, aux, token_fn, temperature, token_chunk):
+def _fwd_all(h, w, tgt, valid, aux, token_fn, temperature, token_chunk, group):
     N = h.shape[0]
-    r, nt = _tile_starts(N, token_chunk)
+    if group == 1:
+        r, nt = _tile_starts(N, token_chunk)
+    else:  # whole groups per chunk: max(1, token_chunk // group) of them, never more than there are
+        r = min(max(1, token_chunk // group), N // group) * group
+        nt = -(-N // r)
+    token_fn = _grouped(token_fn, group)
 
     def body(acc, part):
         total, dw = acc
@@ -91,19 +112,19 @@ def _fwd_all(h, w, tgt, valid, aux, token_fn, temperature, token_chunk):
     return total, flat(lp), flat(ent), flat(dh), dw
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _fused(h, w, tgt, valid, aux, token_fn, temperature, token_chunk):
-    total, lp, ent, _, _ = _fwd_all(h, w, tgt, valid, aux, token_fn, temperature, token_chunk)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _fused(h, w, tgt, valid, aux, token_fn, temperature, token_chunk, group):
+    total, lp, ent, _, _ = _fwd_all(h, w, tgt, valid, aux, token_fn, temperature, token_chunk, group)
     return total, lp, ent
 
 
-def _fused_fwd(h, w, tgt, valid, aux, token_fn, temperature, token_chunk):
-    total, lp, ent, dh, dw = _fwd_all(h, w, tgt, valid, aux, token_fn, temperature, token_chunk)
+def _fused_fwd(h, w, tgt, valid, aux, token_fn, temperature, token_chunk, group):
+    total, lp, ent, dh, dw = _fwd_all(h, w, tgt, valid, aux, token_fn, temperature, token_chunk, group)
     # zero-size arrays carry the input dtypes (residuals must be arrays)
     return (total, lp, ent), (dh, dw, jnp.zeros((0,), h.dtype), jnp.zeros((0,), w.dtype), aux)
 
 
-def _fused_bwd(token_fn, temperature, token_chunk, res, cts):
+def _fused_bwd(token_fn, temperature, token_chunk, group, res, cts):
     dh, dw, h_like, w_like, aux = res
     c = cts[0].astype(_F32)  # the log-prob and entropy outputs carry no gradient (stop_gradient outside)
     return ((dh * c).astype(h_like.dtype), (dw * c).astype(w_like.dtype), None, None,
@@ -114,12 +135,15 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
 def fused_token_loss(h, w, targets, valid, token_fn: Callable, aux, *, temperature: float = 1.0,
-                     token_chunk: int = 1024):
+                     token_chunk: int = 1024, group: int = 1):
     """sum over valid tokens of token_fn(logp, aux), with logp = log_softmax(h @ w / temperature)[targets].
 
     h [N, H] hidden states, w [H, V] unembedding, targets [N] int, valid [N] bool (invalid tokens add 0 and get
     no gradient), aux a pytree of [N] arrays handed to token_fn chunk by chunk (no gradient flows into them).
-    token_fn(logp [r], aux_r) -> [r] float32 per-token terms; it must be elementwise over tokens.
+    token_fn(logp [r], aux_r) -> [r] float32 per-token terms; it must be elementwise over tokens. With `group` L > 1
+    the rows are N / L groups of L consecutive rows (a sequence's slots), token_fn(logp [c, L], aux_r [c, L],
+    valid [c, L]) -> [c, L] must be elementwise over groups (a term may depend on every row of its own group), and each chunk holds
+    whole groups: max(1, token_chunk // L) of them.
     Returns (total [] float32 with gradients to h and w, logp [N] float32, entropy [N] float32); the last two
     carry no gradient. Three matmul passes over the vocabulary instead of `chunked_logprobs`' four.
     """
@@ -127,9 +151,12 @@ def fused_token_loss(h, w, targets, valid, token_fn: Callable, aux, *, temperatu
     chex.assert_equal_shape_prefix([h, targets, valid], 1)
     for leaf in jax.tree.leaves(aux):
         chex.assert_shape(leaf, targets.shape)
+    group = int(group)
+    if group < 1 or h.shape[0] % group:
+        raise ValueError(f"group must be a positive divisor of the {h.shape[0]} rows, got {group}")
     if h.shape[0] == 0:
         z = jnp.zeros((0,), _F32)
         return jnp.zeros((), _F32), z, z
     total, lp, ent = _fused(h, w, targets.astype(jnp.int32), valid.astype(bool), aux, token_fn, float(temperature),
-                            int(token_chunk))
+                            int(token_chunk), group)
     return total, jax.lax.stop_gradient(lp), jax.lax.stop_gradient(ent)

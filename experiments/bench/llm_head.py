@@ -2,6 +2,7 @@
 
     python experiments/bench/llm_head.py                 # SmolLM2-135M shape, B 2, extractor P 256 + R 128
     python experiments/bench/llm_head.py --loss actor --prompt-len 896 --turns 8 --reply-len 16
+    python experiments/bench/llm_head.py --loss actor --ratio sequence   # GSPO: the head's chunks hold whole rows
     python experiments/bench/llm_head.py --smoke         # micro model, both losses (CI keeps it running)
 
 - extractor: a row is a prompt (the trajectory to distil) then a response of R tokens
@@ -12,7 +13,8 @@ All variants run the same forward pass (`model(tokens, return_hidden=True)`); `f
 with the vocabulary head, `compact` only the trained tokens (what the losses do when the batch carries its
 bound), both with the head's gradient taken in its forward pass (`train_state.token_loss`, the losses'
 default); `compact_general` is `compact` through the general path (`fused_head=False`:
-`compact_token_logprobs`, four vocabulary matmuls). Timed: `jit(value_and_grad(loss))`, the variants in turn
+`compact_token_logprobs`, four vocabulary matmuls). `--ratio sequence` (actor): the fused head's chunks hold whole
+rows (`rowwise`), as a sequence-level ratio needs. Timed: `jit(value_and_grad(loss))`, the variants in turn
 per repeat (ratios per repeat, min / median / max: full / compact, general / fused), plus each program's
 compiled temporary memory.
 """
@@ -55,7 +57,7 @@ def measure(loss: str, cfg, a) -> dict:
 
     def value_and_grad(fused: bool):
         fn = (extractor_cispo_loss(CISPOLossConfig(fused_head=fused)) if loss == "extractor"
-              else actor_ppo_loss(PPOLossConfig(fused_head=fused)))
+              else actor_ppo_loss(PPOLossConfig(fused_head=fused, ratio=a.ratio)))
 
         def value(pa, b):
             num, (den, _) = fn(gd, pa, b)
@@ -65,7 +67,7 @@ def measure(loss: str, cfg, a) -> dict:
 
     vg, vg_general = value_and_grad(True), value_and_grad(False)
     variants = {"full": (vg, full), "compact": (vg, compact), "compact_general": (vg_general, compact)}
-    row = dict(loss=loss, batch=a.batch, seq=int(full.tokens.shape[1]), trained=int(full.loss_mask[0].sum()),
+    row = dict(loss=loss, ratio=a.ratio if loss == "actor" else "token", batch=a.batch, seq=int(full.tokens.shape[1]), trained=int(full.loss_mask[0].sum()),
                dtype=a.dtype, scan_unroll=cfg.scan_unroll, device=str(jax.devices()[0].device_kind))
     for k, (f, b) in variants.items():
         row[f"{k}_temp_mib"] = f.lower(params, b).compile().memory_analysis().temp_size_in_bytes / 2**20
@@ -93,6 +95,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--prompt-len", type=int, default=256, help="prompt (extractor) / observation tokens (actor)")
     p.add_argument("--reply-len", type=int, default=128, help="the response (extractor) / each reply (actor)")
     p.add_argument("--turns", type=int, default=8, help="actor: replies per conversation")
+    p.add_argument("--ratio", default="token", choices=("token", "sequence"), help="actor: PPOLossConfig.ratio")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--scan-unroll", type=int, default=1, help="TransformerConfig.scan_unroll (0 = every layer)")

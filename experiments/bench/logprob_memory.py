@@ -3,11 +3,14 @@
     python experiments/bench/logprob_memory.py                       # V 49,152, T 1,024, B 4, H 576
     python experiments/bench/logprob_memory.py --batch 8 --hidden 896 --vocab 151936 --json OUT
     python experiments/bench/logprob_memory.py --smoke               # tiny sizes (CI)
+    python experiments/bench/logprob_memory.py --loss sequence --time 5   # a GSPO-style loss (ratio "sequence")
 
 For each variant, `jax.jit(value_and_grad(loss)).lower(...).compile().memory_analysis()` of
 loss = -sum_t logp_t over random hidden states h [B, T, H] and an unembedding w [H, V] (the head of the
 loss, where the [B, T, V] buffers live), and of the fused head (`head_loss.fused_token_loss`: the gradient
-taken in the forward pass, three vocabulary matmuls instead of four); all variants are compiled in this process,
+taken in the forward pass, three vocabulary matmuls instead of four); `--loss sequence` makes the loss a
+sequence-level PPO numerator (`losses.ppo_sequence_terms`: every term depends on its whole row), which the fused
+head takes with `group=T` (whole rows per chunk). All variants are compiled in this process,
 nothing is run unless --time is given. `--model` also compiles a whole `train_state.token_logprobs` gradient of a
 2-layer transformer with the same V and T, library (chunked) vs the old full-logits function below.
 """
@@ -25,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from crl_jax import losses
 from crl_jax.learner import train_state as ts
 from crl_jax.models import head_loss as HL
 from crl_jax.models import logprobs as LP
@@ -47,19 +51,30 @@ def mem(compiled) -> dict:
     return {k: int(getattr(m, k + "_size_in_bytes", 0) or 0) for k in ("temp", "argument", "output")}
 
 
-def head_variants(B, T, H, V, dtype, token_chunk, vocab_chunk):
+def sequence_terms(lp, valid):
+    """A sequence-level PPO numerator on [B, T] (ratio "sequence", behaviour log-probs near a uniform policy's)."""
+    one = jnp.ones(lp.shape, jnp.float32)
+    return losses.ppo_sequence_terms(lp, jnp.log(one / 49152), one, one / lp.shape[-1], valid)
+
+
+def head_variants(B, T, H, V, dtype, token_chunk, vocab_chunk, loss="token"):
     h = jax.ShapeDtypeStruct((B, T, H), dtype)
     w = jax.ShapeDtypeStruct((H, V), dtype)
     tgt = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    seq = loss == "sequence"
+    of_logp = (lambda lp: sequence_terms(lp, jnp.ones(lp.shape, bool)).sum()) if seq else (lambda lp: -lp.sum())
 
     def loss_full(h, w, t):
-        return -LP.full_logprobs(h, w, t)[0].sum()
+        return of_logp(LP.full_logprobs(h, w, t)[0])
 
     def loss_chunk(h, w, t):
-        return -LP.chunked_logprobs(h, w, t, token_chunk=token_chunk, vocab_chunk=vocab_chunk)[0].sum()
+        return of_logp(LP.chunked_logprobs(h, w, t, token_chunk=token_chunk, vocab_chunk=vocab_chunk)[0])
 
     def loss_fused(h, w, t):  # the head's gradient in its forward pass (the learner's default, head_loss.py)
         hf, tf = h.reshape(-1, h.shape[-1]), t.reshape(-1)
+        if seq:  # whole rows per chunk
+            return HL.fused_token_loss(hf, w, tf, jnp.ones(tf.shape, bool), lambda lp, aux, v: sequence_terms(lp, v),
+                                       {}, group=T)[0]
         return HL.fused_token_loss(hf, w, tf, jnp.ones(tf.shape, bool), lambda lp, aux: -lp, {})[0]
 
     out = {}
@@ -101,6 +116,7 @@ def main(argv=None):
     p.add_argument("--dtype", default="float32")
     p.add_argument("--token-chunk", type=int, default=2048)
     p.add_argument("--vocab-chunk", type=int, default=8192)
+    p.add_argument("--loss", default="token", choices=("token", "sequence"), help="per-token or sequence-level")
     p.add_argument("--model", action="store_true", help="also the whole token_logprobs gradient of a 2-layer model")
     p.add_argument("--time", type=int, default=0, help="also run each variant this many times (median s)")
     p.add_argument("--smoke", action="store_true")
@@ -110,16 +126,16 @@ def main(argv=None):
         a.batch, a.seq, a.hidden, a.vocab, a.token_chunk, a.vocab_chunk = 2, 64, 32, 1024, 64, 128
     dt = tr.as_dtype(a.dtype)
     print(f"load average:{load()}  device: {jax.devices()[0].device_kind}  jax {jax.__version__}")
-    head, args = head_variants(a.batch, a.seq, a.hidden, a.vocab, dt, a.token_chunk, a.vocab_chunk)
+    head, args = head_variants(a.batch, a.seq, a.hidden, a.vocab, dt, a.token_chunk, a.vocab_chunk, a.loss)
     full_logits_bytes = a.batch * a.seq * a.vocab * 4
-    row = dict(batch=a.batch, seq=a.seq, hidden=a.hidden, vocab=a.vocab, dtype=a.dtype, token_chunk=a.token_chunk,
+    row = dict(loss=a.loss, batch=a.batch, seq=a.seq, hidden=a.hidden, vocab=a.vocab, dtype=a.dtype, token_chunk=a.token_chunk,
                vocab_chunk=a.vocab_chunk, one_f32_logits_buffer_bytes=full_logits_bytes,
                device=str(jax.devices()[0].device_kind))
     for k in ("full", "chunked", "fused"):
         row[f"head_{k}"] = {kk: v for kk, v in head[k].items() if kk != "fn"}
     tf, tc = head["full"]["temp"], head["chunked"]["temp"]
     row["head_temp_ratio"] = tc / tf if tf else None
-    print(f"| variant | temp MiB | args MiB | out MiB | compile s |\n|---|---|---|---|---|")
+    print("| variant | temp MiB | args MiB | out MiB | compile s |\n|---|---|---|---|---|")
     for k in ("full", "chunked", "fused"):
         r = head[k]
         print(f"| head {k} | {r['temp'] / 2**20:,.1f} | {r['argument'] / 2**20:,.1f} | {r['output'] / 2**20:,.1f} "

@@ -1,7 +1,8 @@
 """The head's loss with its gradient taken in the forward pass (crl_jax.models.head_loss): literal values and
 gradients, equality with the general path (`chunked_logprobs` under the same loss) for a non-linear per-token
 loss, padding and invalid tokens, bf16, no gradient into aux, three vocabulary matmuls instead of four in the
-compiled program, and the per-token decomposition of the PPO numerator (`losses.ppo_token_terms`)."""
+compiled program, the per-token decomposition of the PPO numerator (`losses.ppo_token_terms`), and groups of rows
+(`group`: a sequence-level ratio, `losses.ppo_sequence_terms`, with whole sequences per chunk)."""
 
 import re
 
@@ -141,3 +142,80 @@ def test_ppo_token_terms_sum_to_the_numerator(aggregation):
     np.testing.assert_allclose(coef, want, rtol=1e-6)
     with pytest.raises(ValueError, match="aggregation"):
         losses.row_coefficients(mask, wt, "mean")
+
+
+def _gspo_like(lp, a, valid):
+    """A sequence-level loss on [c, L] blocks: every term depends on all of its row's valid log-probs."""
+    return losses.ppo_sequence_terms(lp, a["b"], a["adv"], a["c"], valid, clip_eps=0.2, ref_logp=a["b"] + 0.3,
+                                     kl_coef=0.1)
+
+
+@pytest.mark.parametrize("jit,token_chunk,temperature", [(False, 3, 1.0), (True, 8, 0.7), (True, 14, 1.0),
+                                                         (False, 1024, 1.0)])
+def test_groups_equal_the_general_path_under_a_sequence_level_loss(jit, token_chunk, temperature):
+    # 7 rows of L = 4 slots; chunks of 1 (token_chunk 3 < L), 2, 3 (14 // 4, the last chunk padded) and all 7 rows
+    B, L, V = 7, 4, 50
+    k = jax.random.split(jax.random.key(3), 6)
+    h = 0.3 * jax.random.normal(k[0], (B * L, 16))
+    w = jax.random.normal(k[1], (16, V))
+    t = jax.random.randint(k[2], (B * L,), 0, V)
+    valid = (jax.random.uniform(k[3], (B * L,)) > 0.3).at[8:12].set(False)  # row 2: nothing trained
+    row = lambda x: jnp.repeat(x, L)  # noqa: E731
+    aux = dict(b=-np.log(V) + 0.3 * jax.random.normal(k[4], (B * L,)), adv=row(jax.random.normal(k[5], (B,))),
+               c=row(jnp.linspace(0.5, 2, B)))
+
+    def general(h, w):
+        lp, _ = LP.chunked_logprobs(h, w, t, temperature=temperature, token_chunk=5, vocab_chunk=16)
+        blocks = lambda x: x.reshape(B, L)  # noqa: E731
+        return _gspo_like(blocks(lp), jax.tree.map(blocks, aux), blocks(valid)).sum()
+
+    def fused(h, w):
+        return HL.fused_token_loss(h, w, t, valid, _gspo_like, aux, temperature=temperature,
+                                   token_chunk=token_chunk, group=L)[0]
+
+    np.testing.assert_allclose(_run(fused, jit)(h, w), general(h, w), rtol=1e-5)
+    for a, b in zip(_run(jax.grad(fused, (0, 1)), jit)(h, w), jax.grad(general, (0, 1))(h, w)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    # the same loss through per-token chunks that split rows is wrong: the grouping is what makes it exact
+    split = lambda h, w: HL.fused_token_loss(h, w, t, valid, lambda lp, a: _gspo_like(  # noqa: E731
+        lp[:, None], jax.tree.map(lambda x: x[:, None], a), jnp.ones((lp.shape[0], 1), bool))[:, 0], aux,
+        token_chunk=token_chunk)[0]
+    assert not np.allclose(jax.grad(split)(h, w), jax.grad(general)(h, w), atol=1e-4)
+
+
+def test_group_must_divide_the_rows():
+    h, w = jnp.zeros((6, 4)), jnp.zeros((4, 7))
+    args = (jnp.zeros(6, jnp.int32), jnp.ones(6, bool), lambda lp, a, v: lp, {})
+    for g in (0, 4):
+        with pytest.raises(ValueError, match="group"):
+            HL.fused_token_loss(h, w, *args, group=g)
+    assert HL.fused_token_loss(h, w, *args, group=3)[1].shape == (6,)
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean"])
+def test_ppo_sequence_terms_sum_to_the_numerator(aggregation):
+    k = jax.random.split(jax.random.key(4), 3)
+    B, T = 4, 6
+    mask = jnp.asarray(np.random.default_rng(1).random((B, T)) > 0.4).at[3].set(False)
+    logp = -jax.random.uniform(k[0], (B, T), minval=0.5, maxval=4.0)
+    beh = logp + 0.3 * jax.random.normal(k[1], (B, T))
+    adv = jax.random.normal(k[2], (B,))
+    wt = jnp.array([1.0, 0.5, 2.0, 1.0])
+    ref = logp - 0.2
+    bc = lambda x: jnp.broadcast_to(x[:, None], (B, T))  # noqa: E731
+
+    def pair(lp):
+        num, _, _ = losses.ppo_clip_loss_parts(lp, beh, adv, mask, ratio="sequence", aggregation=aggregation,
+                                               sample_weight=wt, ref_logp=ref, kl_coef=0.05)
+        coef = losses.row_coefficients(mask, wt, aggregation)
+        terms = losses.ppo_sequence_terms(lp, beh, bc(adv), bc(coef), mask, ref_logp=ref, kl_coef=0.05)
+        return num, terms.sum()
+
+    num, total = pair(logp)
+    np.testing.assert_allclose(total, num, rtol=1e-6)
+    g_num, g_sum = (jax.grad(lambda lp, i=i: pair(lp)[i])(logp) for i in (0, 1))
+    np.testing.assert_allclose(g_sum, g_num, rtol=1e-5, atol=1e-7)
+    # one row's terms move with another token of the same row (the shared ratio), not with another row's
+    terms = lambda lp: losses.ppo_sequence_terms(lp, beh, bc(adv), bc(jnp.ones(B)), mask)  # noqa: E731
+    jac = jax.jacobian(lambda lp: terms(lp)[0])(logp)  # [T, B, T]
+    assert np.asarray(jac[:, 0][:, np.asarray(mask[0])]).any() and not np.asarray(jac[:, 1:]).any()

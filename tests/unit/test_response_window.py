@@ -155,13 +155,14 @@ def test_llm_actor_ppo_head_over_the_replies_equals_the_full_sequence():
     assert float(c[0][1][0]) > 0 and np.isfinite(float(c[0][0]))
     _assert_trees_close(c, f)
     # fused head (the default) against the general path, over the replies and over every position, both
-    # aggregations (row weights unequal)
-    for agg in ("seq_mean_token_mean", "token_mean"):
+    # aggregations (row weights unequal), both ratios (with "sequence" the head's chunks hold whole rows)
+    for agg, ratio in (("seq_mean_token_mean", "token"), ("token_mean", "token"), ("seq_mean_token_mean", "sequence"),
+                       ("token_mean", "sequence")):
         b = ab.replace(weight=jnp.array([0.5, 2.0, 1.0]))
         for width in (9, None):
-            fn = actor_ppo_loss(PPOLossConfig(kl_coef=0.05, aggregation=agg))
+            fn = actor_ppo_loss(PPOLossConfig(kl_coef=0.05, aggregation=agg, ratio=ratio))
             fused = jax.value_and_grad(loss, has_aux=True)(params, b.replace(trained_width=width))
-            fn = actor_ppo_loss(PPOLossConfig(kl_coef=0.05, aggregation=agg, fused_head=False))
+            fn = actor_ppo_loss(PPOLossConfig(kl_coef=0.05, aggregation=agg, ratio=ratio, fused_head=False))
             _assert_trees_close(fused, jax.value_and_grad(loss, has_aux=True)(params, b.replace(trained_width=width)))
     lp = ts.compact_token_logprobs(gd, params, toks, mask, 9)[0]
     assert int((np.asarray(lp) != 0).sum()) == 13  # 9 + 4: every reply token scored, nothing else
