@@ -1,5 +1,5 @@
 """The transformer's stateless pieces: rotary position embeddings (HF's rope variants: default, linear, llama3,
-yarn) and RMSNorm. Used by `crl_jax.models.transformer` (which re-exports them).
+yarn), RMSNorm and the SwiGLU product. Used by `crl_jax.models.transformer` (which re-exports them).
 """
 
 from __future__ import annotations
@@ -75,3 +75,37 @@ def rms_norm(x, w, eps):
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+@jax.custom_vjp
+def swiglu(gu):
+    """silu(g) * u of the MLP's packed gate / up product gu = [g | u] (last axis 2I -> I), with a hand-written
+    backward pass that returns the packed cotangent.
+
+    Forward as `jax.nn.silu(g) * u`. Backward, with s = sigmoid(g), in float32 and cast to gu's dtype:
+        dgu = [dy * u s (1 + g (1 - s)) | dy * g s]
+    one elementwise pass that reads dy and gu and writes dgu, which one matmul each then turns into dx and the
+    packed weights' gradient. Autodiff of silu(g) * u on separate g and u makes XLA write its derivative chain in
+    two passes (7 [tokens, I] tensors read or written per layer where this needs 5; `gpu_aot.py`'s count at the
+    Qwen2.5-0.5B training shape, experiments/bench/RESULTS.md).
+    """
+    g, u = jnp.split(gu, 2, axis=-1)
+    return jax.nn.silu(g) * u
+
+
+def _swiglu_fwd(gu):
+    return swiglu(gu), gu
+
+
+def _swiglu_bwd(gu, dy):
+    # one elementwise expression over [..., 2I], each half computed from g and u repeated twice, selected by
+    # position: XLA computes a concatenation of two results in two passes and then copies them
+    g, u = (x.astype(jnp.float32) for x in jnp.split(gu, 2, axis=-1))
+    twice = lambda x: jnp.concatenate([x, x], axis=-1)  # noqa: E731
+    g, u, dyf = twice(g), twice(u), twice(dy.astype(jnp.float32))
+    s = jax.nn.sigmoid(g)
+    first = jax.lax.broadcasted_iota(jnp.int32, gu.shape, gu.ndim - 1) < gu.shape[-1] // 2
+    return (jnp.where(first, dyf * u * s * (1.0 + g * (1.0 - s)), dyf * g * s).astype(gu.dtype),)
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)

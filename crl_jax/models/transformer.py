@@ -40,7 +40,7 @@ import numpy as np
 from flax import nnx
 
 from crl_jax.models.attention import attend_live, dense_attention
-from crl_jax.models.layers import apply_rope, rms_norm, rope_inv_freq  # noqa: F401  (re-exported)
+from crl_jax.models.layers import apply_rope, rms_norm, rope_inv_freq, swiglu  # noqa: F401  (re-exported)
 from crl_jax.models.transformer_config import (  # noqa: F401  (re-exported)
     TransformerConfig, as_dtype, checkpoint_policy, remat_block, remat_mlp, tiny_config)
 
@@ -143,7 +143,8 @@ class Transformer(nnx.Module):
         h = self.embed_tokens(tokens)
 
         lps = self.layer_params()
-        if cache is None:
+        if cache is None:  # gate / up packed once for all layers: [L, H, 2I] (`_mlp`, `layers.swiglu`)
+            lps["w_gate_up"] = jnp.concatenate([lps.pop("w_gate"), lps.pop("w_up")], axis=-1)
             causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]  # [q, k]
             mask = attention_mask[:, None, :] & causal[None]  # [B, T, T]
 
@@ -294,13 +295,14 @@ class Transformer(nnx.Module):
         return h + self._mlp(h, lp), kc, vc
 
     def _mlp(self, h, lp):
+        """With packed gate / up weights ("w_gate_up": `layer_list(fused=True)`, the uncached forward) one matmul,
+        whose packed product `swiglu` differentiates in one pass."""
         x = rms_norm(h, lp["mlp_norm"], self.cfg.rms_norm_eps)
         if "w_gate_up" in lp:
-            g, u = jnp.split(jnp.einsum("bth,hi->bti", x, lp["w_gate_up"]), 2, axis=-1)
+            act = swiglu(jnp.einsum("bth,hi->bti", x, lp["w_gate_up"]))
         else:
-            g = jnp.einsum("bth,hi->bti", x, lp["w_gate"])
-            u = jnp.einsum("bth,hi->bti", x, lp["w_up"])
-        return jnp.einsum("bti,ih->bth", jax.nn.silu(g) * u, lp["w_down"]).astype(h.dtype)
+            act = jax.nn.silu(jnp.einsum("bth,hi->bti", x, lp["w_gate"])) * jnp.einsum("bth,hi->bti", x, lp["w_up"])
+        return jnp.einsum("bti,ih->bth", act, lp["w_down"]).astype(h.dtype)
 
     def _qkv(self, x, lp, positions, inv_freq, attn_factor):
         cfg = self.cfg

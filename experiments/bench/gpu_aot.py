@@ -17,8 +17,9 @@ their known trip counts:
 - attention (cuDNN custom calls);
 - everything else (elementwise, reductions, copies, dynamic updates): bytes read and written, from the operand
   and result shapes; a kernel with a dynamic-update-slice is taken as in place (the update read and written,
-  each other operand counted at most at the update's size), one that slices counts each operand at most at its
-  result's size (estimates, not measurements).
+  each other operand counted at most at the update's size), one that slices counts the slices it takes of
+  each operand (two halves of one operand: both; until session 20 each operand counted at most at the result's
+  size, an undercount). Estimates, not measurements.
 and a floor for the step: matmul FLOPs at `--peak` plus the other kernels' bytes at `--bandwidth`. The top
 memory kernels are printed with the JAX operation they came from. What:
 - `train`: `train_mfu.py`'s step at the Qwen2.5-0.5B shape (variants chunked / fused head, `--remat-policy`,
@@ -114,6 +115,30 @@ def _dot_flops(shapes: dict, rest: str, out_shape: str) -> float:
     return 2.0 * math.prod(_dims(out_shape)) * k
 
 
+def _sliced_read(inner: dict, i: int, full: int) -> int:
+    """Bytes a fusion reads of its operand i: the sum of the slices taken of it (through bitcasts and reshapes),
+    at most its size, when slices, dynamic slices and gathers are its only uses inside the fusion; else all of it
+    (two halves of one operand are two reads, not one)."""
+    names = list(inner["params"])
+    if i >= len(names):
+        return full
+    uses = defaultdict(list)
+    for n2, s2, o2, r2 in inner["instrs"]:
+        for operand in set(re.findall(r"%([\w.\-]+)", r2.split("), ", 1)[0])):
+            uses[operand].append((n2, s2, o2))
+    alias = {n2 for n2, _, o2, r2 in inner["instrs"] if o2 == "parameter" and re.match(rf"{i}\)", r2)}
+    frontier, total = list(alias or {names[i]}), 0
+    while frontier:
+        for n2, s2, o2 in uses[frontier.pop()]:
+            if o2 in ("bitcast", "reshape"):
+                frontier.append(n2)
+            elif o2 in ("slice", "dynamic-slice", "gather"):
+                total += shape_bytes(s2)
+            else:
+                return full
+    return min(total, full)
+
+
 def kernels(hlo: str) -> list[dict]:
     """Every kernel launch of one call of the entry computation: name, kind, trips, bytes, flops, op_name."""
     comps = parse(hlo)
@@ -153,8 +178,8 @@ def kernels(hlo: str) -> list[dict]:
                 upd_ops = re.findall(r"%([\w.\-]+)", dus)
                 upd = shape_bytes(names.get(upd_ops[1], "")) if len(upd_ops) > 1 else 0
                 nbytes = 2 * upd + sum(min(b, upd) for b in in_b if b != out_b)
-            elif inner_ops & {"dynamic-slice", "slice", "gather"}:  # reads a slice of a bigger operand
-                nbytes = out_b + sum(min(b, out_b) for b in in_b)
+            elif inner_ops & {"dynamic-slice", "slice", "gather"}:  # reads slices of bigger operands
+                nbytes = out_b + sum(_sliced_read(inner, i, b) if inner else min(b, out_b) for i, b in enumerate(in_b))
             else:
                 nbytes = out_b + sum(in_b)
             meta = re.search(r'op_name="([^"]*)"', rest)

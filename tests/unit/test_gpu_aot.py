@@ -43,3 +43,14 @@ def test_in_place_update_counts_only_the_moved_bytes():
     # the 1 MB buffer
     assert ks and all(k["bytes"] <= 4 * 4 * 256 * 4 for k in ks)
     assert G.shape_bytes("(bf16[2,3]{1,0}, f32[4])") == 2 * 6 + 4 * 4
+
+
+def test_a_fusion_reading_slices_counts_each_slice_it_reads():
+    """Two halves of one operand are two reads (the packed gate / up product of `layers.swiglu`), one half is one;
+    never the whole operand twice."""
+    x = jnp.ones((128, 512))
+    out = 128 * 256 * 4
+    both = G.kernels(jax.jit(lambda x: jnp.tanh(x[:, :256]) * x[:, 256:]).lower(x).compile().as_text())
+    half = G.kernels(jax.jit(lambda x: jnp.tanh(x[:, :256]) * 2.0).lower(x).compile().as_text())
+    assert [k["bytes"] for k in both if k["kind"] == "memory"] == [out + 2 * out]
+    assert [k["bytes"] for k in half if k["kind"] == "memory"] == [out + out]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from crl_jax.models import attention
+from crl_jax.models import layers as LY
 from crl_jax.models import transformer as tr
 
 
@@ -72,7 +73,8 @@ def test_last_hidden_equals_the_full_forward_at_the_last_position(layers, bias, 
 def test_hidden_at_equals_the_full_forward_at_the_query_positions(layers, remat):
     """`hidden_at` (last layer computed for the W query rows only) == the full forward's hidden states gathered
     at query [B, W] (any positions: repeated, out of order, in the padding), with and without a key mask; and
-    the gradient through it."""
+    the gradient through it (the full forward packs gate / up into one matmul and `swiglu`'s hand-written
+    backward; `hidden_at` keeps them apart under autodiff, so this also checks the packing's gradient)."""
     cfg = tr.tiny_config(50, hidden_size=32, num_layers=layers, num_heads=4, num_kv_heads=2, intermediate_size=64,
                          remat=remat)
     model = tr.create(cfg, jax.random.key(0))
@@ -281,3 +283,30 @@ def test_an_unrolled_layer_scan_gives_the_same_loss_and_gradients(unroll):
     assert loops1 == 2 and loops_u == (0 if unroll == 3 else 2)
     with pytest.raises(ValueError, match="scan_unroll"):
         cfg.replace(scan_unroll=0)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_swiglu_literal_values_and_gradient(jit):
+    """`layers.swiglu` on a packed [g | u]: silu(g) * u, and the packed cotangent [dy u s (1 + g (1 - s)) | dy g s]
+    with s = sigmoid(g), on hand-computed values."""
+    f = jax.jit(LY.swiglu) if jit else LY.swiglu
+    gu = jnp.array([[0.0, 1.0, 2.0, 3.0]])  # g = [0, 1], u = [2, 3]
+    s1 = 1 / (1 + np.exp(-1.0))
+    np.testing.assert_allclose(f(gu), [[0.0, 3 * s1]], rtol=1e-6)
+    dy = jnp.array([[1.0, -2.0]])
+    (d,) = jax.vjp(f, gu)[1](dy)
+    want = [1.0 * 2 * 0.5 * 1.0, -2.0 * 3 * s1 * (1 + 1 - s1), 1.0 * 0.0, -2.0 * 1 * s1]
+    np.testing.assert_allclose(d, [want], rtol=1e-6)
+
+
+def test_swiglu_gradient_equals_autodiff_in_float32_and_bfloat16():
+    k = jax.random.split(jax.random.key(5), 2)
+    gu = 3.0 * jax.random.normal(k[0], (2, 5, 2 * 24))  # both tails of the sigmoid
+    dy = jax.random.normal(k[1], (2, 5, 24))
+    plain = lambda x: jax.nn.silu(x[..., :24]) * x[..., 24:]  # noqa: E731
+    for dt, tol in ((jnp.float32, 1e-6), (jnp.bfloat16, 2e-2)):
+        x, c = gu.astype(dt), dy.astype(dt)
+        (got,), (ref,) = jax.vjp(LY.swiglu, x)[1](c), jax.vjp(plain, x.astype(jnp.float32))[1](c.astype(jnp.float32))
+        assert got.dtype == dt and LY.swiglu(x).dtype == dt
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref), rtol=tol, atol=tol)
+        np.testing.assert_array_equal(np.asarray(LY.swiglu(x)), np.asarray(plain(x)))
