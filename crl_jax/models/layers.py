@@ -79,18 +79,17 @@ def rms_norm(x, w, eps):
 
 @jax.custom_vjp
 def swiglu(gu):
-    """silu(g) * u of the MLP's packed gate / up product gu = [g | u] (last axis 2I -> I), with a hand-written
-    backward pass that returns the packed cotangent.
+    """silu(g) * u of the MLP's packed gate / up product gu [..., 2, I] (g = gu[..., 0, :], u = gu[..., 1, :]: the
+    memory layout of [g | u] concatenated), with a hand-written backward pass that returns the packed cotangent.
 
     Forward as `jax.nn.silu(g) * u`. Backward, with s = sigmoid(g), in float32 and cast to gu's dtype:
-        dgu = [dy * u s (1 + g (1 - s)) | dy * g s]
+        dgu = [dy * u s (1 + g (1 - s)), dy * g s]
     one elementwise pass that reads dy and gu and writes dgu, which one matmul each then turns into dx and the
     packed weights' gradient. Autodiff of silu(g) * u on separate g and u makes XLA write its derivative chain in
     two passes (7 [tokens, I] tensors read or written per layer where this needs 5; `gpu_aot.py`'s count at the
     Qwen2.5-0.5B training shape, experiments/bench/RESULTS.md).
     """
-    g, u = jnp.split(gu, 2, axis=-1)
-    return jax.nn.silu(g) * u
+    return jax.nn.silu(gu[..., 0, :]) * gu[..., 1, :]
 
 
 def _swiglu_fwd(gu):
@@ -98,13 +97,13 @@ def _swiglu_fwd(gu):
 
 
 def _swiglu_bwd(gu, dy):
-    # one elementwise expression over [..., 2I], each half computed from g and u repeated twice, selected by
-    # position: XLA computes a concatenation of two results in two passes and then copies them
-    g, u = (x.astype(jnp.float32) for x in jnp.split(gu, 2, axis=-1))
-    twice = lambda x: jnp.concatenate([x, x], axis=-1)  # noqa: E731
-    g, u, dyf = twice(g), twice(u), twice(dy.astype(jnp.float32))
+    # one elementwise expression over [..., 2, I], each half computed from g and u repeated twice and selected by
+    # position: XLA computes a stack or a broadcast select of two results in two passes (and then copies them)
+    twice = lambda x: jnp.concatenate([x, x], axis=-2)  # noqa: E731
+    x = gu.astype(jnp.float32)
+    g, u, dyf = twice(x[..., :1, :]), twice(x[..., 1:, :]), twice(dy.astype(jnp.float32)[..., None, :])
     s = jax.nn.sigmoid(g)
-    first = jax.lax.broadcasted_iota(jnp.int32, gu.shape, gu.ndim - 1) < gu.shape[-1] // 2
+    first = jax.lax.broadcasted_iota(jnp.int32, gu.shape, gu.ndim - 2) == 0
     return (jnp.where(first, dyf * u * s * (1.0 + g * (1.0 - s)), dyf * g * s).astype(gu.dtype),)
 
 

@@ -143,8 +143,9 @@ class Transformer(nnx.Module):
         h = self.embed_tokens(tokens)
 
         lps = self.layer_params()
-        if cache is None:  # gate / up packed once for all layers: [L, H, 2I] (`_mlp`, `layers.swiglu`)
-            lps["w_gate_up"] = jnp.concatenate([lps.pop("w_gate"), lps.pop("w_up")], axis=-1)
+        if cache is None and cfg.pack_mlp:  # gate / up packed once for all layers: [L, H, 2, I] (`_mlp`, `swiglu`)
+            lps["w_gate_up"] = jnp.stack([lps.pop("w_gate"), lps.pop("w_up")], axis=-2)
+        if cache is None:
             causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]  # [q, k]
             mask = attention_mask[:, None, :] & causal[None]  # [B, T, T]
 
@@ -295,11 +296,13 @@ class Transformer(nnx.Module):
         return h + self._mlp(h, lp), kc, vc
 
     def _mlp(self, h, lp):
-        """With packed gate / up weights ("w_gate_up": `layer_list(fused=True)`, the uncached forward) one matmul,
-        whose packed product `swiglu` differentiates in one pass."""
+        """With packed gate / up weights ("w_gate_up": [H, 2I] from `layer_list(fused=True)`, [H, 2, I] in the
+        uncached forward; the same memory layout) one matmul, whose packed product `swiglu` differentiates in one
+        pass."""
         x = rms_norm(h, lp["mlp_norm"], self.cfg.rms_norm_eps)
         if "w_gate_up" in lp:
-            act = swiglu(jnp.einsum("bth,hi->bti", x, lp["w_gate_up"]))
+            w = lp["w_gate_up"]
+            act = swiglu(jnp.einsum("bth,hki->btki", x, w.reshape(w.shape[0], 2, -1)))
         else:
             act = jax.nn.silu(jnp.einsum("bth,hi->bti", x, lp["w_gate"])) * jnp.einsum("bth,hi->bti", x, lp["w_up"])
         return jnp.einsum("bti,ih->bth", act, lp["w_down"]).astype(h.dtype)

@@ -110,6 +110,25 @@ def test_a_saved_config_with_removed_keys_loads_with_a_warning():
         from_dict(drop_removed_keys({**saved, "bank": {**saved["bank"], "bogus": 1}}))
 
 
+def test_pack_mlp_follows_the_mesh_unless_set():
+    """`actor.pack_mlp` / `extractor.pack_mlp` None (default): packed gate / up unless the mesh shards parameters
+    (fsdp or tensor not 1; XLA's partitioner would all-reduce the packed product); an explicit value wins. The
+    mesh is dropped from the Runtime's cache key (`normalise`), so the choice is resolved before it."""
+    from crl_jax.backends.llm import runtime as llm_runtime
+    from crl_jax.loop import runtime as loop_runtime
+
+    for overrides, want in (([], (True, True)), (["mesh.data=-1"], (True, True)), (["mesh.fsdp=2"], (False, False)),
+                            (["mesh.tensor=-1"], (False, False)), (["mesh.fsdp=2", "actor.pack_mlp=true"], (True, False)),
+                            (["extractor.pack_mlp=false"], (True, False))):
+        rt = loop_runtime.build(load(None, overrides))
+        assert (rt.actor_config.pack_mlp, rt.extractor_config.pack_mlp) == want, overrides
+    llm = load(None, ["actor.preset=smollm2-135m", "actor.truncate_layers=2", "actor.pack_mlp=false"])
+    assert llm_runtime._load(llm.actor)[0].pack_mlp is False
+    assert llm_runtime._load(load(None, ["actor.preset=smollm2-135m", "actor.truncate_layers=2"]).actor)[0].pack_mlp
+    with pytest.raises(ConfigError, match="actor.pack_mlp"):
+        load(None, ["actor.pack_mlp=3"])
+
+
 def test_scan_unroll_reaches_the_model_config_on_both_paths():
     """`actor.scan_unroll` / `extractor.scan_unroll` set TransformerConfig.scan_unroll: the tiny path
     (loop.runtime) and the LLM path (backends.llm.runtime, a random-init preset); 0 = every layer."""
