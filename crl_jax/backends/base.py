@@ -195,7 +195,8 @@ def normalise(cfg: Config) -> Config:
     The models' `pack_mlp` default is resolved against the mesh before the mesh is dropped."""
     pack = lambda m: dataclasses.replace(  # noqa: E731
         m, pack_mlp=not cfg.mesh.shards_params() if m.pack_mlp is None else m.pack_mlp)
-    return dataclasses.replace(cfg, actor=pack(cfg.actor), extractor=pack(cfg.extractor), seed=0, steps=0, checkpoint_every=1, keep_checkpoints=1, method="crl",
+    return dataclasses.replace(cfg, actor=pack(cfg.actor), extractor=pack(cfg.extractor),
+                               seed=0, steps=0, checkpoint_every=1, keep_checkpoints=1, method="crl",
                                loss=dataclasses.replace(cfg.loss, group_split=True, advantage="split"),
                                bank=dataclasses.replace(cfg.bank, offline_path=""),
                                distributed=DistributedConfig(), mesh=MeshConfig())

@@ -141,9 +141,9 @@ def fused_token_loss(h, w, targets, valid, token_fn: Callable, aux, *, temperatu
     h [N, H] hidden states, w [H, V] unembedding, targets [N] int, valid [N] bool (invalid tokens add 0 and get
     no gradient), aux a pytree of [N] arrays handed to token_fn chunk by chunk (no gradient flows into them).
     token_fn(logp [r], aux_r) -> [r] float32 per-token terms; it must be elementwise over tokens. With `group` L > 1
-    the rows are N / L groups of L consecutive rows (a sequence's slots), token_fn(logp [c, L], aux_r [c, L],
-    valid [c, L]) -> [c, L] must be elementwise over groups (a term may depend on every row of its own group), and each chunk holds
-    whole groups: max(1, token_chunk // L) of them.
+    the rows are N / L groups of L consecutive rows (a sequence's slots), and token_fn(logp [c, L], aux_r [c, L],
+    valid [c, L]) -> [c, L] must be elementwise over groups (a term may depend on every row of its own group);
+    each chunk holds whole groups: max(1, token_chunk // L) of them.
     Returns (total [] float32 with gradients to h and w, logp [N] float32, entropy [N] float32); the last two
     carry no gradient. Three matmul passes over the vocabulary instead of `chunked_logprobs`' four.
     """

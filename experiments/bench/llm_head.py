@@ -67,7 +67,8 @@ def measure(loss: str, cfg, a) -> dict:
 
     vg, vg_general = value_and_grad(True), value_and_grad(False)
     variants = {"full": (vg, full), "compact": (vg, compact), "compact_general": (vg_general, compact)}
-    row = dict(loss=loss, ratio=a.ratio if loss == "actor" else "token", batch=a.batch, seq=int(full.tokens.shape[1]), trained=int(full.loss_mask[0].sum()),
+    row = dict(loss=loss, ratio=a.ratio if loss == "actor" else "token", batch=a.batch,
+               seq=int(full.tokens.shape[1]), trained=int(full.loss_mask[0].sum()),
                dtype=a.dtype, scan_unroll=cfg.scan_unroll, device=str(jax.devices()[0].device_kind))
     for k, (f, b) in variants.items():
         row[f"{k}_temp_mib"] = f.lower(params, b).compile().memory_analysis().temp_size_in_bytes / 2**20

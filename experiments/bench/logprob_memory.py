@@ -73,8 +73,8 @@ def head_variants(B, T, H, V, dtype, token_chunk, vocab_chunk, loss="token"):
     def loss_fused(h, w, t):  # the head's gradient in its forward pass (the learner's default, head_loss.py)
         hf, tf = h.reshape(-1, h.shape[-1]), t.reshape(-1)
         if seq:  # whole rows per chunk
-            return HL.fused_token_loss(hf, w, tf, jnp.ones(tf.shape, bool), lambda lp, aux, v: sequence_terms(lp, v),
-                                       {}, group=T)[0]
+            terms = lambda lp, aux, v: sequence_terms(lp, v)  # noqa: E731
+            return HL.fused_token_loss(hf, w, tf, jnp.ones(tf.shape, bool), terms, {}, group=T)[0]
         return HL.fused_token_loss(hf, w, tf, jnp.ones(tf.shape, bool), lambda lp, aux: -lp, {})[0]
 
     out = {}
@@ -128,7 +128,8 @@ def main(argv=None):
     print(f"load average:{load()}  device: {jax.devices()[0].device_kind}  jax {jax.__version__}")
     head, args = head_variants(a.batch, a.seq, a.hidden, a.vocab, dt, a.token_chunk, a.vocab_chunk, a.loss)
     full_logits_bytes = a.batch * a.seq * a.vocab * 4
-    row = dict(loss=a.loss, batch=a.batch, seq=a.seq, hidden=a.hidden, vocab=a.vocab, dtype=a.dtype, token_chunk=a.token_chunk,
+    row = dict(loss=a.loss, batch=a.batch, seq=a.seq, hidden=a.hidden, vocab=a.vocab, dtype=a.dtype,
+               token_chunk=a.token_chunk,
                vocab_chunk=a.vocab_chunk, one_f32_logits_buffer_bytes=full_logits_bytes,
                device=str(jax.devices()[0].device_kind))
     for k in ("full", "chunked", "fused"):

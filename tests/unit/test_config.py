@@ -118,7 +118,8 @@ def test_pack_mlp_follows_the_mesh_unless_set():
     from crl_jax.loop import runtime as loop_runtime
 
     for overrides, want in (([], (True, True)), (["mesh.data=-1"], (True, True)), (["mesh.fsdp=2"], (False, False)),
-                            (["mesh.tensor=-1"], (False, False)), (["mesh.fsdp=2", "actor.pack_mlp=true"], (True, False)),
+                            (["mesh.tensor=-1"], (False, False)),
+                            (["mesh.fsdp=2", "actor.pack_mlp=true"], (True, False)),
                             (["extractor.pack_mlp=false"], (True, False))):
         rt = loop_runtime.build(load(None, overrides))
         assert (rt.actor_config.pack_mlp, rt.extractor_config.pack_mlp) == want, overrides

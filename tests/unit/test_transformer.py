@@ -231,6 +231,16 @@ def test_auto_attention_picks_cudnn_only_where_it_applies():
         assert pick("auto", bf16, 64) == "einsum"
 
 
+def _next_token_loss(gd, toks):
+    """params -> mean cross-entropy of each token under the full forward's logits at its own position."""
+
+    def loss(p):
+        logits = tr.merge(gd, p)(toks).astype(jnp.float32)
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, toks[..., None], -1)[..., 0])
+
+    return loss
+
+
 def test_remat_policies_give_the_same_gradients_and_order_the_saved_memory():
     """`remat_policy`: "dots" keeps the projection matmuls' outputs for the backward pass; "mlp" rematerialises
     only the MLP. Gradients equal the unrematerialised ones under every policy, and the compiled temporary memory
@@ -247,10 +257,7 @@ def test_remat_policies_give_the_same_gradients_and_order_the_saved_memory():
                      ("packed_mlp", dict(remat=True, remat_policy="mlp", pack_mlp=True))):
         gd, params = tr.split(tr.create(cfg.replace(**kw), jax.random.key(0)))
 
-        def loss(p, gd=gd):
-            logits = tr.merge(gd, p)(toks).astype(jnp.float32)
-            return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, toks[..., None], -1)[..., 0])
-
+        loss = _next_token_loss(gd, toks)
         g = jax.jit(jax.grad(loss))
         grads[name] = g(params)
         temp[name] = g.lower(params).compile().memory_analysis().temp_size_in_bytes
@@ -274,10 +281,7 @@ def test_an_unrolled_layer_scan_gives_the_same_loss_and_gradients(unroll):
     for u in (1, unroll):
         gd, params = tr.split(tr.create(cfg.replace(scan_unroll=u), jax.random.key(0)))
 
-        def loss(p, gd=gd):
-            logits = tr.merge(gd, p)(toks).astype(jnp.float32)
-            return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, toks[..., None], -1)[..., 0])
-
+        loss = _next_token_loss(gd, toks)
         g = jax.jit(jax.value_and_grad(loss))
         out[u] = g(params), g.lower(params).as_text().count("stablehlo.while")
     (l1, g1), loops1 = out[1]
@@ -326,10 +330,7 @@ def test_packed_gate_up_gives_the_same_loss_and_gradients_with_fewer_matmuls():
     for pack in (True, False):
         gd, params = tr.split(tr.create(cfg.replace(pack_mlp=pack), jax.random.key(0)))
 
-        def loss(p, gd=gd):
-            logits = tr.merge(gd, p)(toks).astype(jnp.float32)
-            return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, toks[..., None], -1)[..., 0])
-
+        loss = _next_token_loss(gd, toks)
         g = jax.jit(jax.value_and_grad(loss))
         out[pack] = g(params), g.lower(params).as_text().count("stablehlo.dot_general")
     (lp, gp), dots_p = out[True]
