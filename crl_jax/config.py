@@ -44,9 +44,11 @@ class ModelConfig:
     scan_unroll: int = 1  # layers per iteration of the training forward's layer scan (TransformerConfig.scan_unroll);
     #                       0 = every layer: straight-line layers, whose saved activations are not copied into
     #                       [L, ...] stacks (a SmolLM2-shape CPU step 0.78x; compiles longer; bench/RESULTS.md)
-    pack_mlp: bool | None = None  # gate and up as one packed matmul in the training forward, with a one-pass
-    #                               backward (TransformerConfig.pack_mlp); None = on unless `mesh` shards parameters
-    #                               (fsdp or tensor not 1), where XLA's partitioner all-reduces the packed product
+    pack_mlp: bool | None = None  # gate and up as one packed matmul in the full forward (the LLM path's learner;
+    #                               the tiny path scores through `hidden_at`, which keeps them apart), with a
+    #                               one-pass backward (TransformerConfig.pack_mlp); None = on unless `mesh` shards
+    #                               parameters (fsdp or tensor not 1), where XLA's partitioner all-reduces the
+    #                               packed product
     lr: float = 1e-3  # AdamW learning rate (constant); paper uses 1e-6 for 7B/4B LLMs (tiny actor: GRPO tuned
     #                   on seeds 100-103, never on the reported seeds: 3e-3 moved the policy by approx KL 0.3-2
     #                   per update and oscillated, experiments/RESULTS.md)
