@@ -45,8 +45,8 @@ class ModelConfig:
     #                       0 = every layer: straight-line layers, whose saved activations are not copied into
     #                       [L, ...] stacks (a SmolLM2-shape CPU step 0.78x; compiles longer; bench/RESULTS.md)
     pack_mlp: bool | None = None  # gate and up as one packed matmul in the full forward (the LLM path's learner;
-    #                               the tiny path scores through `hidden_at`, which keeps them apart), with a
-    #                               one-pass backward (TransformerConfig.pack_mlp); None = on unless `mesh` shards
+    #                               the tiny path's default losses score through `hidden_at`, which keeps them
+    #                               apart), with a one-pass backward (TransformerConfig.pack_mlp); None = on unless `mesh` shards
     #                               parameters (fsdp or tensor not 1), where XLA's partitioner all-reduces the
     #                               packed product
     lr: float = 1e-3  # AdamW learning rate (constant); paper uses 1e-6 for 7B/4B LLMs (tiny actor: GRPO tuned
