@@ -46,9 +46,9 @@ class ModelConfig:
     #                       [L, ...] stacks (a SmolLM2-shape CPU step 0.78x; compiles longer; bench/RESULTS.md)
     pack_mlp: bool | None = None  # gate and up as one packed matmul in the full forward (the LLM path's learner;
     #                               the tiny path's default losses score through `hidden_at`, which keeps them
-    #                               apart), with a one-pass backward (TransformerConfig.pack_mlp); None = on unless `mesh` shards
-    #                               parameters (fsdp or tensor not 1), where XLA's partitioner all-reduces the
-    #                               packed product
+    #                               apart), with a one-pass backward (TransformerConfig.pack_mlp); None = on unless
+    #                               `mesh` shards parameters (fsdp or tensor not 1), where XLA's partitioner
+    #                               all-reduces the packed product
     lr: float = 1e-3  # AdamW learning rate (constant); paper uses 1e-6 for 7B/4B LLMs (tiny actor: GRPO tuned
     #                   on seeds 100-103, never on the reported seeds: 3e-3 moved the policy by approx KL 0.3-2
     #                   per update and oscillated, experiments/RESULTS.md)
@@ -56,6 +56,11 @@ class ModelConfig:
     grad_clip: float = 1.0  # global-norm gradient clip
     temperature: float = 1.0  # sampling temperature during training rollouts
     init_seed: int = 0  # offset of the parameter-init key (fold-in of the run key)
+
+    def forward_options(self, num_layers: int) -> dict:
+        """The TransformerConfig fields these options set on either path: `scan_unroll` (0 = every layer) and
+        `pack_mlp` (None, when `normalise` has not resolved it against a mesh: on)."""
+        return dict(scan_unroll=self.scan_unroll or num_layers, pack_mlp=self.pack_mlp is not False)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ def _model_config(m, vocab_size) -> tr.TransformerConfig:
                           "run through crl_jax.backends.llm (see experiments/configs/smollm2_room.yaml)")
     return tr.tiny_config(vocab_size, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                           num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size, param_dtype=m.dtype,
-                          scan_unroll=m.scan_unroll or m.num_layers, pack_mlp=m.pack_mlp is not False)
+                          **m.forward_options(m.num_layers))
 
 
 def task_text(env, index: int, pool: str, with_id: bool, compact: bool = False) -> str:

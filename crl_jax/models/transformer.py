@@ -143,9 +143,9 @@ class Transformer(nnx.Module):
         h = self.embed_tokens(tokens)
 
         lps = self.layer_params()
-        if cache is None and cfg.pack_mlp:  # gate / up packed once for all layers: [L, H, 2, I] (`_mlp`, `swiglu`)
-            lps["w_gate_up"] = jnp.stack([lps.pop("w_gate"), lps.pop("w_up")], axis=-2)
         if cache is None:
+            if cfg.pack_mlp:  # gate / up packed once for all layers: [L, H, 2, I] (`_mlp`, `layers.swiglu`)
+                lps["w_gate_up"] = jnp.stack([lps.pop("w_gate"), lps.pop("w_up")], axis=-2)
             causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]  # [q, k]
             mask = attention_mask[:, None, :] & causal[None]  # [B, T, T]
 

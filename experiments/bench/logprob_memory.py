@@ -51,10 +51,10 @@ def mem(compiled) -> dict:
     return {k: int(getattr(m, k + "_size_in_bytes", 0) or 0) for k in ("temp", "argument", "output")}
 
 
-def sequence_terms(lp, valid):
-    """A sequence-level PPO numerator on [B, T] (ratio "sequence", behaviour log-probs near a uniform policy's)."""
+def sequence_terms(lp, valid, vocab: int):
+    """A sequence-level PPO numerator on [B, T] (ratio "sequence", behaviour log-probs a uniform policy's)."""
     one = jnp.ones(lp.shape, jnp.float32)
-    return losses.ppo_sequence_terms(lp, jnp.log(one / 49152), one, one / lp.shape[-1], valid)
+    return losses.ppo_sequence_terms(lp, jnp.log(one / vocab), one, one / lp.shape[-1], valid)
 
 
 def head_variants(B, T, H, V, dtype, token_chunk, vocab_chunk, loss="token"):
@@ -62,7 +62,7 @@ def head_variants(B, T, H, V, dtype, token_chunk, vocab_chunk, loss="token"):
     w = jax.ShapeDtypeStruct((H, V), dtype)
     tgt = jax.ShapeDtypeStruct((B, T), jnp.int32)
     seq = loss == "sequence"
-    of_logp = (lambda lp: sequence_terms(lp, jnp.ones(lp.shape, bool)).sum()) if seq else (lambda lp: -lp.sum())
+    of_logp = (lambda lp: sequence_terms(lp, jnp.ones(lp.shape, bool), V).sum()) if seq else (lambda lp: -lp.sum())
 
     def loss_full(h, w, t):
         return of_logp(LP.full_logprobs(h, w, t)[0])
@@ -73,7 +73,7 @@ def head_variants(B, T, H, V, dtype, token_chunk, vocab_chunk, loss="token"):
     def loss_fused(h, w, t):  # the head's gradient in its forward pass (the learner's default, head_loss.py)
         hf, tf = h.reshape(-1, h.shape[-1]), t.reshape(-1)
         if seq:  # whole rows per chunk
-            terms = lambda lp, aux, v: sequence_terms(lp, v)  # noqa: E731
+            terms = lambda lp, aux, v: sequence_terms(lp, v, V)  # noqa: E731
             return HL.fused_token_loss(hf, w, tf, jnp.ones(tf.shape, bool), terms, {}, group=T)[0]
         return HL.fused_token_loss(hf, w, tf, jnp.ones(tf.shape, bool), lambda lp, aux: -lp, {})[0]
 

@@ -110,7 +110,7 @@ def _load(m):
     else:
         mcfg, host, tok = load_checkpoint(spec, m.dtype)
     mcfg, host = truncate_layers(mcfg, host, m.truncate_layers)
-    return mcfg.replace(scan_unroll=m.scan_unroll or mcfg.num_layers, pack_mlp=m.pack_mlp is not False), host, tok
+    return mcfg.replace(**m.forward_options(mcfg.num_layers)), host, tok
 
 
 def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=None) -> Runtime:
