@@ -385,7 +385,9 @@ def sequence_logprobs(graphdef, params, tokens, prompt_len, total_len, *, temper
     t = jnp.arange(T)[None, :]
     valid = t < total_len[:, None]
     model = tr.merge(graphdef, params)
-    h = model(tokens, attention_mask=valid, return_hidden=True)  # positions 0..T-1
+    # Right padding: under the causal mask no valid query sees a padded key, so no key mask (the fused kernels'
+    # plain causal form); the padded positions' log-probs are dropped below.
+    h = model(tokens, return_hidden=True)  # positions 0..T-1
     # h[:, t-1] predicts tokens[:, t]; scored in vocabulary tiles (no [B, T, V] logits buffer).
     lp, _ = chunked_logprobs(h[:, :-1], model.unembed_matrix(), tokens[:, 1:], temperature=temperature)
     lp = jnp.concatenate([jnp.zeros((B, 1), jnp.float32), lp], axis=1)

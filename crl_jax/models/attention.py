@@ -48,23 +48,32 @@ def attention_impl(impl: str, dtype, head_dim: int, backend: str | None = None,
 
 
 def dense_attention(q, k, v, mask, num_kv_heads: int, impl: str = "auto", causal: bool = False):
-    """q [B, T, Nq, D], k / v [B, S, Hkv, D], mask [B, T, S] (True = attend) -> [B, T, Nq*D].
+    """q [B, T, Nq, D], k / v [B, S, Hkv, D], mask [B, T, S] (True = attend) or None -> [B, T, Nq*D].
 
     `causal`: the caller promises that `mask` already forbids every key after its query (T == S, query t at
     slot t), so "xla" / "cudnn" may also pass `is_causal` (cuDNN then skips the tiles above the diagonal: about
-    half the attention work); the result is the same either way.
+    half the attention work); the result is the same either way. `mask=None` (with `causal` only): the plain
+    causal mask and no padding. "xla" / "cudnn" then get no mask at all, only `is_causal`: cuDNN's causal
+    kernel without the [B, 1, T, S] bias a dense mask becomes, and no pass that zeroes key-less query rows
+    (there are none).
 
     Scaled by 1/sqrt(D). A query row with no valid key (a padded query) gets 0 in every implementation (a
     plain softmax would spread it uniformly over the masked keys). "einsum" computes the scores and the softmax
     in float32; "xla" / "cudnn" call `jax.nn.dot_product_attention` with that implementation (grouped-query
     heads native, the mask folded into an additive bias; their score precision is the backend's).
     """
-    chex.assert_rank([q, k, v, mask], [4, 4, 4, 3])
+    chex.assert_rank([q, k, v], [4, 4, 4])
     B, T, Nq, D = q.shape
+    if mask is None and not causal:
+        raise ValueError("dense_attention: mask=None means the plain causal mask, so it needs causal=True")
+    if mask is not None:
+        chex.assert_rank(mask, 3)
     # "auto" takes cuDNN for the plain causal forward only (training and scoring: the path gpu_checks.py verified
     # on an H200); the query-subset and prefixed forms of `Transformer.hidden_at` stay on einsum.
     impl = attention_impl(impl, q.dtype, D) if (causal or impl != "auto") else "einsum"
     if impl == "einsum":
+        if mask is None:
+            mask = jnp.broadcast_to(jnp.arange(k.shape[1])[None, :] <= jnp.arange(T)[:, None], (B, T, k.shape[1]))
         G = Nq // num_kv_heads
         qg = q.reshape(B, T, num_kv_heads, G, D)
         s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(D)
@@ -80,9 +89,12 @@ def dense_attention(q, k, v, mask, num_kv_heads: int, impl: str = "auto", causal
                          "use 'einsum' or 'xla'")
     if causal and T != k.shape[1]:
         raise ValueError(f"causal attention needs as many queries as keys, got {T} and {k.shape[1]}")
-    o = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask[:, None],
+    o = jax.nn.dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype),
+                                     mask=None if mask is None else mask[:, None],
                                      scale=1.0 / math.sqrt(D), is_causal=causal, implementation=impl)
-    o = jnp.where(mask.any(-1)[:, :, None, None], o, 0).astype(v.dtype)
+    if mask is not None:  # a padded query row has no valid key
+        o = jnp.where(mask.any(-1)[:, :, None, None], o, 0)
+    o = o.astype(v.dtype)
     return o.reshape(B, T, Nq * D)
 
 

@@ -136,9 +136,8 @@ class Transformer(nnx.Module):
         B, T = tokens.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        if attention_mask is None:
-            attention_mask = jnp.ones((B, T), bool)
-        attention_mask = attention_mask.astype(bool)
+        padded = attention_mask is not None  # no mask: the uncached forward attends under the causal mask alone
+        attention_mask = jnp.ones((B, T), bool) if attention_mask is None else attention_mask.astype(bool)
         inv_freq, attn_factor = self._rope()
         h = self.embed_tokens(tokens)
 
@@ -147,7 +146,7 @@ class Transformer(nnx.Module):
             if cfg.pack_mlp:  # gate / up packed once for all layers: [L, H, 2, I] (`_mlp`, `layers.swiglu`)
                 lps["w_gate_up"] = jnp.stack([lps.pop("w_gate"), lps.pop("w_up")], axis=-2)
             causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]  # [q, k]
-            mask = attention_mask[:, None, :] & causal[None]  # [B, T, T]
+            mask = attention_mask[:, None, :] & causal[None] if padded else None  # [B, T, T]
 
             def block(h, lp):
                 return self._layer(h, lp, positions, inv_freq, attn_factor, mask, causal=True)[0], None

@@ -210,6 +210,39 @@ def test_xla_attention_equals_einsum_with_padding_and_grouped_heads(jit):
         cfg.replace(attn_impl="flash")
 
 
+@pytest.mark.parametrize("impl", ["einsum", "xla"])
+def test_an_unpadded_forward_passes_the_fused_kernel_no_mask(impl, monkeypatch):
+    """Without an attention_mask the uncached forward attends under the causal mask alone: the same logits and
+    gradients as with an all-True mask, and `jax.nn.dot_product_attention` gets `is_causal` with mask None (on a
+    GPU: cuDNN's causal kernel, no [B, 1, T, T] bias and no pass zeroing key-less rows). With a mask it still
+    gets the mask. mask=None without causal is a clear error."""
+    cfg = tr.tiny_config(300, num_heads=4, num_kv_heads=2).replace(attn_impl=impl)
+    gd, params = tr.split(tr.create(cfg, jax.random.key(0)))
+    toks = jax.random.randint(jax.random.key(1), (2, 9), 0, 300)
+    seen = []
+    real = jax.nn.dot_product_attention
+
+    def spy(*args, **kw):
+        seen.append((kw.get("mask") is None, kw.get("is_causal")))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+
+    def loss(p, mask):
+        logits = tr.merge(gd, p)(toks, attention_mask=mask)
+        return jnp.sum(logits ** 2) * 1e-3, logits
+
+    (l0, lo0), g0 = jax.value_and_grad(loss, has_aux=True)(params, None)
+    (l1, lo1), g1 = jax.value_and_grad(loss, has_aux=True)(params, jnp.ones((2, 9), bool))
+    np.testing.assert_allclose(np.asarray(lo0), np.asarray(lo1), atol=1e-6)
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
+    assert seen == ([(True, True), (False, True)] if impl == "xla" else [])  # the layer scan traces once
+    q = jnp.ones((1, 3, 1, 4))
+    with pytest.raises(ValueError, match="causal=True"):
+        attention.dense_attention(q, q, q, None, 1, impl)
+
+
 def test_auto_attention_picks_cudnn_only_where_it_applies():
     """"auto" resolves by backend, dtype, head dim and CUDA compute capability (literal cases, so the GPU branch
     is covered on a CPU); explicit choices pass through; on this machine's backend the float32 tiny model runs
