@@ -274,8 +274,10 @@ def apply_update(state: TrainState, batch, loss_fn: LossFn, microbatches: int = 
     loss = num / safe_den
     trainable = lora.trainable(state.params)
     grads = jax.tree_util.tree_map(lambda g, p: (g / safe_den).astype(p.dtype), gsum, trainable)
-    finite = jnp.isfinite(loss) & jnp.all(
-        jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]))
+    # One pass over the gradients for both: a NaN or inf anywhere makes the norm non-finite (so does a norm whose
+    # square overflows float32, which clipping could not scale either).
+    grad_norm = _global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     do = finite & has_data
     updates, new_opt = state.tx.update(grads, state.opt_state, trainable)
     new_trainable = optax.apply_updates(trainable, updates)
@@ -288,7 +290,7 @@ def apply_update(state: TrainState, batch, loss_fn: LossFn, microbatches: int = 
         opt_state=pick(new_opt, state.opt_state),
         step=state.step + do.astype(jnp.int32),
         nonfinite_count=state.nonfinite_count + (~finite).astype(jnp.int32))
-    metrics = dict(metrics, loss=jnp.where(has_data, loss, 0.0), grad_norm=_global_norm(grads),
+    metrics = dict(metrics, loss=jnp.where(has_data, loss, 0.0), grad_norm=grad_norm,
                    updated=do.astype(_F32), nonfinite=(~finite).astype(_F32), denominator=den)
     return new_state, metrics
 

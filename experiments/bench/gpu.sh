@@ -41,7 +41,8 @@
 #   forward is not run again in the backward);
 #   explore_mfu_unroll(_mlp) = the fused head with the 24 layers unrolled (scan_unroll=24: the saved activations
 #   are not copied into [L, ...] stacks), without remat (gpu_aot.py's floor: 110 ms, the best) and with the MLPs
-#   rematerialised (122 ms);
+#   rematerialised (122 ms); the first also with the causal mask as a dense cuDNN bias, as before session 21
+#   (cudnn_fused_bias: the before / after of cuDNN's plain causal kernel);
 #   explore_mfu_cublas = the fused-head variant with full remat and every matmul on cuBLAS (XLA's Triton GEMM
 #   fusions off)
 # Targets (issue #16): decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
@@ -133,8 +134,9 @@ else
     --dtype bfloat16 --reps 3
   if [ "$EXPLORE" = 1 ]; then
     # first: the MFU target's best candidates by gpu_aot.py's count (RESULTS.md, session 19)
-    step explore_mfu_unroll 150 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
-      --scan-unroll 24 --variants cudnn_fused
+    # cudnn_fused_bias: the same step with the causal mask as a dense cuDNN bias (before session 21)
+    step explore_mfu_unroll 200 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
+      --scan-unroll 24 --variants cudnn_fused,cudnn_fused_bias
     step explore_mfu_unroll_mlp 150 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 \
       --remat-policy mlp --scan-unroll 24 --variants cudnn_fused
     step explore_pallas_tiles 150 sampler.py --model smollm2-shape --batches 1 --prompt-len 128 --new-tokens 128 \

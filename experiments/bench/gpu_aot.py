@@ -20,7 +20,9 @@ their known trip counts:
   each other operand counted at most at the update's size), one that slices counts the slices it takes of
   each operand (two halves of one operand: both; until session 20 each operand counted at most at the result's
   size, an undercount). Estimates, not measurements.
-and a floor for the step: matmul FLOPs at `--peak` plus the other kernels' bytes at `--bandwidth`. The top
+and a floor for the step: matmul FLOPs at `--peak` plus the other kernels' bytes at `--bandwidth`; and a second
+one with each matmul at its roofline (the longer of its FLOPs at `--peak` and its operand and result bytes at
+`--bandwidth`: a GEMM that adds into a float32 accumulator, or has a short contraction, is bound by its bytes). The top
 memory kernels are printed with the JAX operation they came from. What:
 - `train`: `train_mfu.py`'s step at the Qwen2.5-0.5B shape (variants chunked / fused head, `--remat-policy`,
   `--attn`);
@@ -218,6 +220,9 @@ def summarize(ks: list[dict], peak: float, bandwidth: float, top: int = 12) -> d
         b["flops"] += k["flops"]
     mm_s = by["matmul"]["flops"] / peak
     mem_s = by["memory"]["bytes"] / bandwidth
+    # each matmul at its roofline: its FLOPs at `peak` or its operands and result (an accumulator it adds into
+    # included) at `bandwidth`, whichever takes longer; a thin GEMM is bound by the second
+    mm_roof_s = sum(max(k["flops"] / peak, k["bytes"] / bandwidth) for k in ks if k["kind"] == "matmul")
     ops = defaultdict(lambda: [0, 0])  # bytes by JAX operation (without the jit prefix), memory kernels only
     for k in ks:
         if k["kind"] == "memory":
@@ -226,7 +231,8 @@ def summarize(ks: list[dict], peak: float, bandwidth: float, top: int = 12) -> d
             ops[key][1] += k["trips"]
     top_ops = sorted(ops.items(), key=lambda kv: -kv[1][0])[:top]
     return dict(kinds={k: dict(v) for k, v in by.items()}, matmul_floor_s=mm_s, memory_floor_s=mem_s,
-                floor_s=mm_s + mem_s, launches=sum(k["trips"] for k in ks),
+                floor_s=mm_s + mem_s, matmul_roofline_s=mm_roof_s, roofline_floor_s=mm_roof_s + mem_s,
+                launches=sum(k["trips"] for k in ks),
                 top_memory_ops=[dict(op=o, gb=b / 1e9, launches=n) for o, (b, n) in top_ops])
 
 
@@ -341,6 +347,9 @@ def main(argv=None):
               f"{k.get('memory', {}).get('bytes', 0) / 1e9:.1f} GB ({row['memory_floor_s'] * 1e3:.1f} ms at "
               f"{a.bandwidth / 1e12:.1f} TB/s); attention launches {k.get('attention', {}).get('launches', 0)}; "
               f"temp {row['temp_gb']:.1f} GB", flush=True)
+        mm_gb = k.get("matmul", {}).get("bytes", 0) / 1e9
+        print(f"   matmuls at their roofline {row['matmul_roofline_s'] * 1e3:.1f} ms ({mm_gb:.1f} GB in and out); "
+              f"floor with it {row['roofline_floor_s'] * 1e3:.1f} ms + attention", flush=True)
         for t in row["top_memory_ops"]:
             print(f"   {t['gb']:8.2f} GB  x{t['launches']:<5d} {t['op']}")
     if a.json:

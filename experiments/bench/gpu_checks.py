@@ -44,21 +44,25 @@ def attention_check(smoke: bool = False) -> dict:
     lens = jnp.array([T, T - 13, T // 4 + 1, 7])
     mask = jnp.arange(T)[None, :] < lens[:, None]
     out = {}
-    for name in ("einsum", impl):
-        gd, pa = tr.split(tr.create(cfg.replace(attn_impl=name), jax.random.key(0)))
+    # "einsum" with the key mask is the reference; `impl` runs it with the key mask (a [B, 1, T, T] bias for
+    # cuDNN) and without one ("causal": right padding needs none, the learner's form: cuDNN's causal kernel).
+    for name, key_mask in (("einsum", mask), (impl, mask), (impl + "_causal", None)):
+        gd, pa = tr.split(tr.create(cfg.replace(attn_impl=name.split("_")[0]), jax.random.key(0)))
 
         def loss(p):
-            logits = tr.merge(gd, p)(toks, attention_mask=mask).astype(jnp.float32)
+            logits = tr.merge(gd, p)(toks, attention_mask=key_mask).astype(jnp.float32)
             logp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), toks[:, 1:, None], axis=-1)[..., 0]
             return -jnp.sum(jnp.where(mask[:, 1:], logp, 0.0)) / mask[:, 1:].sum(), logits  # next-token NLL
 
         (l, logits), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(pa)
         out[name] = (float(l), logits, g)
-    ge, gi = jax.tree.leaves(out["einsum"][2]), jax.tree.leaves(out[impl][2])
-    grad_rel = max(rel(a, b, True) for a, b in zip(gi, ge))
-    row = dict(impl=impl, loss_einsum=out["einsum"][0], loss_impl=out[impl][0],
-               logits_rel=rel(out[impl][1], out["einsum"][1], mask[..., None]), grad_rel_max=grad_rel)
-    row["ok"] = bool(row["logits_rel"] < 2e-2 and grad_rel < 5e-2 and np.isfinite(row["loss_impl"]))
+    row = dict(impl=impl, loss_einsum=out["einsum"][0])
+    for name, tag in ((impl, ""), (impl + "_causal", "_causal")):
+        ge, gi = jax.tree.leaves(out["einsum"][2]), jax.tree.leaves(out[name][2])
+        row.update({f"loss_impl{tag}": out[name][0], f"grad_rel_max{tag}": max(rel(a, b, True) for a, b in zip(gi, ge)),
+                    f"logits_rel{tag}": rel(out[name][1], out["einsum"][1], mask[..., None])})
+    row["ok"] = all(bool(row[f"logits_rel{t}"] < 2e-2 and row[f"grad_rel_max{t}"] < 5e-2
+                         and np.isfinite(row[f"loss_impl{t}"])) for t in ("", "_causal"))
     return row
 
 

@@ -6,7 +6,9 @@ One step = forward + backward of the token log-prob loss + AdamW, bf16 parameter
 block. `--variants chunked,full,cudnn` measures the library's vocabulary-tiled `train_state.token_logprobs`
 and the full-logits version it replaced (#16), both with einsum attention, and the tiled one with cuDNN
 flash attention (`TransformerConfig.attn_impl="cudnn"`, GPU only; `cudnn_fullmask`: the same without
-`is_causal`, so the kernel also computes the tiles above the diagonal; `fused` / `cudnn_fused`: the loss through
+`is_causal`, so the kernel also computes the tiles above the diagonal; a `_bias` suffix: the causal mask handed to
+cuDNN as a dense [B, 1, T, T] bias, with `is_causal`, the library before session 21, where the unpadded forward now
+passes no mask; `fused` / `cudnn_fused`: the loss through
 `train_state.token_loss`, the head's gradient taken in its forward pass, three vocabulary matmuls, not four)
 in one process; each variant's row is printed when done. MFU = model FLOPs / time / peak, with model
 FLOPs = 6 * (non-embedding params + unembedding) * tokens + 6 * L * T * H_attn * tokens (causal attention
@@ -42,8 +44,17 @@ def model_flops_per_token(cfg, seq: int) -> float:
 _DENSE = attention.dense_attention
 
 
-def _dense_no_causal(q, k, v, mask, num_kv_heads, impl="einsum", causal=False):
-    return _DENSE(q, k, v, mask, num_kv_heads, impl, False)
+def _dense_mask(keep_causal: bool):
+    """`dense_attention` handed the causal mask as a dense [B, T, T] one where the unpadded forward passes none (a
+    [B, 1, T, T] bias for cuDNN, as the library did before session 21), with or without its `is_causal` flag."""
+
+    def attend(q, k, v, mask, num_kv_heads, impl="einsum", causal=False):
+        if mask is None:
+            T = q.shape[1]
+            mask = jnp.broadcast_to(jnp.arange(T)[None, :] <= jnp.arange(T)[:, None], (q.shape[0], T, T))
+        return _DENSE(q, k, v, mask, num_kv_heads, impl, causal and keep_causal)
+
+    return attend
 
 
 def old_token_logprobs(gd, params, tokens, mask):
@@ -76,11 +87,13 @@ def token_loss_fn(variant: str, batch: int, seq: int):
 def measure(cfg, variant: str, a) -> dict:
     # explicit attention (the library's default "auto" takes cuDNN on a GPU): chunked / full = einsum attention
     cfg = cfg.replace(attn_impl="cudnn" if variant.startswith("cudnn") else "einsum")
-    # cudnn_fullmask: the same kernel without `is_causal` (it then computes the tiles above the diagonal too)
-    tr.dense_attention = _dense_no_causal if variant == "cudnn_fullmask" else _DENSE  # what Transformer calls
+    # cudnn_fullmask: a dense mask without `is_causal` (the kernel then computes the tiles above the diagonal too);
+    # *_bias: a dense mask with `is_causal` (the library before session 21); else no mask, `is_causal` alone
+    masked = variant == "cudnn_fullmask" or variant.endswith("_bias")
+    tr.dense_attention = _dense_mask(variant != "cudnn_fullmask") if masked else _DENSE  # what Transformer calls
     state = ts.create_train_state(tr.create(cfg, jax.random.key(0)), optax.adamw(1e-5))
     toks = jax.random.randint(jax.random.key(1), (a.batch, a.seq), 0, cfg.vocab_size)
-    loss_fn = token_loss_fn(variant, a.batch, a.seq)
+    loss_fn = token_loss_fn(variant.removesuffix("_bias"), a.batch, a.seq)
 
     step = jax.jit(lambda s, b: ts.apply_update(s, b, loss_fn, 1), donate_argnums=(0,))
     t0 = time.time()
@@ -117,7 +130,8 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--peak", type=float, default=989e12)
     p.add_argument("--variants", default="chunked",
-                   help="comma list of chunked, full (before #16), cudnn, cudnn_fullmask, fused, cudnn_fused")
+                   help="comma list of chunked, full (before #16), cudnn, cudnn_fullmask, fused, cudnn_fused; "
+                        "a _bias suffix: the dense causal mask of before session 21")
     p.add_argument("--smoke", action="store_true", help="tiny model, batch 2, seq 64, 1 rep (CPU)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -137,7 +151,8 @@ def main(argv=None):
         print(json.dumps(rows[-1]), flush=True)
     out = dict(rows=rows)
     by = {r["variant"]: r for r in rows if "step_s" in r}
-    for v, base in (("full", "chunked"), ("cudnn", "chunked"), ("fused", "chunked"), ("cudnn_fused", "cudnn")):
+    for v, base in (("full", "chunked"), ("cudnn", "chunked"), ("fused", "chunked"), ("cudnn_fused", "cudnn"),
+                    ("cudnn_fused", "cudnn_fused_bias")):
         if v in by and base in by:
             out[f"{v}_over_{base}_step_s"] = by[v]["step_s"] / by[base]["step_s"]
     print(json.dumps(out, indent=2))

@@ -29,6 +29,10 @@ def test_loop_kernels_are_weighted_by_trip_count():
     top = s["top_memory_ops"][0]
     assert top["gb"] * 1e9 == 5 * 2 * 64 * 32 * 4 and top["launches"] == 5 and top["op"].endswith("mul")
     assert abs(s["floor_s"] - (s["kinds"]["matmul"]["flops"] + s["kinds"]["memory"]["bytes"]) / 1e12) < 1e-12
+    # the matmuls' bytes: both operands and the result, float32; at 1 FLOP per byte their FLOPs take longer
+    mm_bytes = 5 * 4 * (64 * 32 + 32 * 32 + 64 * 32)
+    assert s["kinds"]["matmul"]["bytes"] == mm_bytes
+    assert abs(s["matmul_roofline_s"] - max(mm_bytes, 5 * 2 * 64 * 32 * 32) / 1e12) < 1e-12
 
 
 def test_in_place_update_counts_only_the_moved_bytes():

@@ -207,3 +207,26 @@ def test_apply_updates_target_kl_stops_at_the_first_step_over_it():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # exactly the first two steps
     every, m0 = run(_states()[0], batches, 0.0)
     assert int(every.step) == 4 and "steps_taken" not in m0
+
+
+@pytest.mark.parametrize("grad_of_zero", ["inf", "nan"])
+def test_a_finite_loss_with_a_non_finite_gradient_skips_the_update(grad_of_zero):
+    """The guard reads the gradients' global norm (one pass, the metric's): a finite loss whose gradient holds
+    one inf or NaN entry is not applied, and counts as non-finite; the same loss with a finite gradient is."""
+    state, _ = _states()
+    bad = {"inf": jnp.sqrt, "nan": lambda x: jnp.sqrt(x * x)}[grad_of_zero]  # value 0 at 0, gradient inf / NaN
+
+    def loss_fn(f):
+        def fn(graphdef, params, batch):
+            first = jax.tree_util.tree_leaves(params)[0].reshape(-1)[0]
+            return 1.0 + f(first - jax.lax.stop_gradient(first)), (jnp.float32(1.0), {})  # loss 1 at any params
+        return fn
+
+    for f, applied in ((bad, False), (lambda x: 0.5 * x, True)):
+        new, m = jax.jit(lambda s: ts.apply_update(s, None, loss_fn(f)))(state)
+        assert float(m["loss"]) == 1.0
+        assert float(m["updated"]) == float(applied) and float(m["nonfinite"]) == float(not applied)
+        assert int(new.step) == int(applied) and int(new.nonfinite_count) == int(not applied)
+        moved = any(bool(jnp.any(a != b)) for a, b in zip(jax.tree_util.tree_leaves(new.params),
+                                                          jax.tree_util.tree_leaves(state.params)))
+        assert moved == applied
