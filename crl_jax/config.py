@@ -44,11 +44,11 @@ class ModelConfig:
     scan_unroll: int = 1  # layers per iteration of the training forward's layer scan (TransformerConfig.scan_unroll);
     #                       0 = every layer: straight-line layers, whose saved activations are not copied into
     #                       [L, ...] stacks (a SmolLM2-shape CPU step 0.78x; compiles longer; bench/RESULTS.md)
-    pack_mlp: bool | None = None  # gate and up as one packed matmul in the full forward (the LLM path's learner;
+    pack_mlp: bool | None = True  # gate and up as one packed matmul in the full forward (the LLM path's learner;
     #                               the tiny path's default losses score through `hidden_at`, which keeps them
-    #                               apart), with a one-pass backward (TransformerConfig.pack_mlp); None = on unless
-    #                               `mesh` shards parameters (fsdp or tensor not 1), where XLA's partitioner
-    #                               all-reduces the packed product
+    #                               apart), with a one-pass backward (TransformerConfig.pack_mlp); on every mesh
+    #                               (it all-reduces no more bytes than two matmuls: bench/mesh_collectives.py);
+    #                               None (configs of session 20: "follow the mesh") = on
     lr: float = 1e-3  # AdamW learning rate (constant); paper uses 1e-6 for 7B/4B LLMs (tiny actor: GRPO tuned
     #                   on seeds 100-103, never on the reported seeds: 3e-3 moved the policy by approx KL 0.3-2
     #                   per update and oscillated, experiments/RESULTS.md)
@@ -59,7 +59,7 @@ class ModelConfig:
 
     def forward_options(self, num_layers: int) -> dict:
         """The TransformerConfig fields these options set on either path: `scan_unroll` (0 = every layer) and
-        `pack_mlp` (None, when `normalise` has not resolved it against a mesh: on)."""
+        `pack_mlp` (None: on)."""
         return dict(scan_unroll=self.scan_unroll or num_layers, pack_mlp=self.pack_mlp is not False)
 
 
@@ -243,11 +243,6 @@ class MeshConfig:
     extractor_devices: float = 0.0  # 0: actor and extractor share the mesh; (0, 1): fraction of devices
     #                                 given to a disjoint extractor sub-mesh
     bank: Literal["replicated", "entries"] = "replicated"  # bank arrays replicated or sharded along entries
-
-    def shards_params(self) -> bool:
-        """Does the mesh split parameters (fsdp or tensor above 1, or auto)? Then `ModelConfig.pack_mlp`'s default
-        keeps gate and up as two matmuls."""
-        return self.fsdp != 1 or self.tensor != 1
 
 
 @dataclass(frozen=True)

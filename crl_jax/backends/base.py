@@ -191,12 +191,8 @@ def normalise(cfg: Config) -> Config:
     its ablation switches as the traced `LoopState.flags`; host-only fields and the mesh (placement:
     `crl_jax.infra.sharding`) are the run driver's. So all of them share one Runtime and one program.
     `extraction.merge` is kept: it sets the sample buffer's widths (merge prompts are ~4x a distillation's, and
-    with merge off the extractor trains on rows as wide as its distillation samples, `Backend.buffer_dims`).
-    The models' `pack_mlp` default is resolved against the mesh before the mesh is dropped."""
-    pack = lambda m: dataclasses.replace(  # noqa: E731
-        m, pack_mlp=not cfg.mesh.shards_params() if m.pack_mlp is None else m.pack_mlp)
-    return dataclasses.replace(cfg, actor=pack(cfg.actor), extractor=pack(cfg.extractor),
-                               seed=0, steps=0, checkpoint_every=1, keep_checkpoints=1, method="crl",
+    with merge off the extractor trains on rows as wide as its distillation samples, `Backend.buffer_dims`)."""
+    return dataclasses.replace(cfg, seed=0, steps=0, checkpoint_every=1, keep_checkpoints=1, method="crl",
                                loss=dataclasses.replace(cfg.loss, group_split=True, advantage="split"),
                                bank=dataclasses.replace(cfg.bank, offline_path=""),
                                distributed=DistributedConfig(), mesh=MeshConfig())

@@ -81,8 +81,8 @@ class TransformerConfig:
     pack_mlp: bool = True  # the uncached forward packs gate / up into one [L, H, 2, I] matmul whose product
     #                        `layers.swiglu` differentiates in one pass (5 [B, T, I] tensors per layer, not 7; at
     #                        the Qwen2.5-0.5B shape 7-62 GB and 94-240 launches fewer per step; bench/RESULTS.md).
-    #                        Off by default on a mesh that shards parameters (`ModelConfig.pack_mlp`): there XLA's
-    #                        partitioner splits the packed matmul over the hidden axis and all-reduces its product
+    #                        On a mesh that shards parameters it all-reduces as many bytes as two matmuls or fewer
+    #                        (bench/mesh_collectives.py)
     family: str = "llama"  # informational: llama | qwen2 | qwen3 | tiny
     attn_impl: str = "auto"  # uncached attention: "einsum" (float32 softmax, any backend) | "xla" | "cudnn"
     #                          (jax.nn.dot_product_attention; cudnn = fused flash attention, CUDA + bf16/fp16) |

@@ -5,8 +5,13 @@
 
 Simulated CPU devices (`--xla_force_host_platform_device_count`): the value and gradient of a 2-layer model's
 next-token loss with the parameters placed by `infra.sharding.param_specs` and the batch over (data, fsdp),
-compiled, and its all-reduce / all-gather / reduce-scatter / all-to-all / collective-permute ops counted, with the
-shapes of the all-reduces one variant has that the other does not. Nothing is run.
+compiled, and its all-reduce / all-gather / reduce-scatter / all-to-all / collective-permute ops counted with the
+buffers and bytes they move (XLA combines collectives into one op over a tuple of buffers), with the shapes of
+the buffers one variant all-reduces that the other does not. Nothing is run.
+
+Until session 21 this script counted only collectives over a single buffer, so a combined all-reduce of two
+buffers went uncounted; the packed variant, whose gate / up gradient is one buffer, looked like it all-reduced
+more, and `ModelConfig.pack_mlp` was off on parameter-sharding meshes because of it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ if __name__ == "__main__":
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import re  # noqa: E402
 from collections import Counter  # noqa: E402
 
@@ -32,7 +38,7 @@ from crl_jax.models import transformer as tr  # noqa: E402
 _OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
-def collectives(mesh_cfg: MeshConfig, pack: bool, hidden: int, seq: int, batch: int) -> tuple[Counter, list[str]]:
+def collectives(mesh_cfg: MeshConfig, pack: bool, hidden: int, seq: int, batch: int) -> list[tuple[str, list[str]]]:
     cfg = tr.tiny_config(256, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=2, num_heads=4,
                          num_kv_heads=2, max_position_embeddings=max(seq, 64), pack_mlp=pack)
     mesh = sharding.make_mesh(mesh_cfg)
@@ -47,8 +53,39 @@ def collectives(mesh_cfg: MeshConfig, pack: bool, hidden: int, seq: int, batch: 
         return jnp.mean(jax.nn.logsumexp(lg, -1) - jnp.take_along_axis(lg, t[..., None], -1)[..., 0])
 
     txt = jax.jit(jax.value_and_grad(loss)).lower(params, toks).compile().as_text()
-    found = re.findall(r"= (\S+) (" + "|".join(_OPS) + r")(?:-start)?\(", txt)
-    return Counter(op for _, op in found), sorted(shape.split("{")[0] for shape, op in found if op == "all-reduce")
+    return collective_ops(txt)
+
+
+def collective_ops(hlo: str) -> list[tuple[str, list[str]]]:
+    """(kind, result shapes) of every collective in compiled HLO text. XLA's combiners merge collectives into one op
+    over a tuple of buffers (`(f32[4,256], f32[4,256])`), so an op count alone says little: count the buffers and
+    their bytes. An async pair counts once (its -start)."""
+    ops = []
+    for line in hlo.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%[\w.\-]+ = (.+?) (" + "|".join(_OPS) + r")(-start)?\(", line)
+        if m:
+            ops.append((m.group(2), [t + "[" + d + "]" for t, d in _SHAPE.findall(m.group(1))]))
+    return ops
+
+
+def totals(ops) -> dict:
+    """{kind: {"ops", "buffers", "bytes"}} of `collective_ops`' list."""
+    out = {}
+    for kind, shapes in ops:
+        t = out.setdefault(kind, dict(ops=0, buffers=0, bytes=0))
+        t["ops"] += 1
+        t["buffers"] += len(shapes)
+        t["bytes"] += sum(_bytes(s) for s in shapes)
+    return out
+
+
+_SIZES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "f64": 8}
+_SHAPE = re.compile(r"\b(" + "|".join(_SIZES) + r")\[([0-9,]*)\]")
+
+
+def _bytes(shape: str) -> int:
+    t, d = _SHAPE.match(shape).groups()
+    return _SIZES[t] * math.prod(int(x) for x in d.split(",") if x)
 
 
 def main(argv=None) -> list[dict]:
@@ -63,9 +100,11 @@ def main(argv=None) -> list[dict]:
     for spec in a.meshes.split(","):
         d, f, t = (int(x) for x in spec.split("x"))
         mc = MeshConfig(data=d, fsdp=f, tensor=t)
-        (cp, arp), (cu, aru) = (collectives(mc, pack, a.hidden, a.seq, a.batch) for pack in (True, False))
-        extra = list((Counter(arp) - Counter(aru)).elements())
-        rows.append(dict(mesh=spec, packed=dict(cp), two_matmuls=dict(cu), packed_extra_all_reduces=extra))
+        packed, two = (collectives(mc, pack, a.hidden, a.seq, a.batch) for pack in (True, False))
+        bufs = [Counter(s for kind, shapes in ops if kind == "all-reduce" for s in shapes) for ops in (packed, two)]
+        rows.append(dict(mesh=spec, packed=totals(packed), two_matmuls=totals(two),
+                         all_reduced_only_packed=sorted((bufs[0] - bufs[1]).elements()),
+                         all_reduced_only_two_matmuls=sorted((bufs[1] - bufs[0]).elements())))
         print(json.dumps(rows[-1]), flush=True)
     if a.json:
         with open(a.json, "w") as fh:

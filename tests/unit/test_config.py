@@ -110,16 +110,16 @@ def test_a_saved_config_with_removed_keys_loads_with_a_warning():
         from_dict(drop_removed_keys({**saved, "bank": {**saved["bank"], "bogus": 1}}))
 
 
-def test_pack_mlp_follows_the_mesh_unless_set():
-    """`actor.pack_mlp` / `extractor.pack_mlp` None (default): packed gate / up unless the mesh shards parameters
-    (fsdp or tensor not 1; XLA's partitioner would all-reduce the packed product); an explicit value wins. The
-    mesh is dropped from the Runtime's cache key (`normalise`), so the choice is resolved before it."""
+def test_pack_mlp_is_on_for_every_mesh_unless_set():
+    """`actor.pack_mlp` / `extractor.pack_mlp`: packed gate / up by default on every mesh (it all-reduces no more
+    bytes than two matmuls, `test_mesh_collectives.py`); null (configs written in session 20) is on too; an
+    explicit false wins, on either path."""
     from crl_jax.backends.llm import runtime as llm_runtime
     from crl_jax.loop import runtime as loop_runtime
 
-    for overrides, want in (([], (True, True)), (["mesh.data=-1"], (True, True)), (["mesh.fsdp=2"], (False, False)),
-                            (["mesh.tensor=-1"], (False, False)),
-                            (["mesh.fsdp=2", "actor.pack_mlp=true"], (True, False)),
+    for overrides, want in (([], (True, True)), (["mesh.data=-1"], (True, True)), (["mesh.fsdp=2"], (True, True)),
+                            (["mesh.tensor=-1"], (True, True)), (["actor.pack_mlp=null"], (True, True)),
+                            (["mesh.fsdp=2", "actor.pack_mlp=false"], (False, True)),
                             (["extractor.pack_mlp=false"], (True, False))):
         rt = loop_runtime.build(load(None, overrides))
         assert (rt.actor_config.pack_mlp, rt.extractor_config.pack_mlp) == want, overrides
