@@ -186,13 +186,14 @@ def compact_token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array,
 
 
 def token_loss(graphdef, params, tokens: jax.Array, mask: jax.Array, token_fn, aux, *, max_trained: int | None = None,
-               rowwise: bool = False):
+               rowwise: bool = False, head_chunk: int = 1024):
     """sum over trained tokens (mask, t >= 1) of token_fn(logp, aux) for a transformer, the head's gradient taken in
     its forward pass (`head_loss.fused_token_loss`: three vocabulary matmul passes, not four). token_fn must be
     elementwise over tokens; aux: a pytree of [B, T] arrays aligned with tokens. `max_trained`: as
     `compact_token_logprobs` (the head over that many slots per row); None: every position. `rowwise`: a term may
     depend on every trained token of its row (a sequence-level ratio): token_fn(logp [c, K], aux [c, K],
-    valid [c, K]) then sees whole rows' K slots, a head chunk holding whole rows.
+    valid [c, K]) then sees whole rows' K slots, a head chunk holding whole rows. `head_chunk`: rows per head chunk
+    (`fused_token_loss`'s token_chunk: its [r, V] float32 logits against how often the [H, V] gradient is added to).
     Returns (total with gradients, logp [B, T], entropy [B, T]), the last two without gradient and 0 off the mask."""
     chex.assert_rank([tokens, mask], 2)
     chex.assert_equal_shape([tokens, mask])
@@ -201,7 +202,8 @@ def token_loss(graphdef, params, tokens: jax.Array, mask: jax.Array, token_fn, a
     B, K = slot_valid.shape
     flat = lambda x: x.reshape((B * K,) + x.shape[2:])  # noqa: E731
     total, lp, ent = fused_token_loss(flat(hk), model.unembed_matrix(), flat(pick(tokens)), flat(slot_valid), token_fn,
-                                      jax.tree.map(lambda a: flat(pick(a)), aux), group=K if rowwise else 1)
+                                      jax.tree.map(lambda a: flat(pick(a)), aux), group=K if rowwise else 1,
+                                      token_chunk=head_chunk)
     return total, back(lp.reshape(B, K)), back(ent.reshape(B, K))
 
 

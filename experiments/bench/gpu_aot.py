@@ -254,7 +254,7 @@ def train_program(variant: str, a):
     state = jax.eval_shape(lambda: ts.create_train_state(tr.create(cfg, jax.random.key(0)), optax.adamw(1e-5)))
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), state)
     toks = jax.ShapeDtypeStruct((B, T), jnp.int32, sharding=rep)
-    loss_fn = train_mfu.token_loss_fn(variant, B, T)
+    loss_fn = train_mfu.token_loss_fn(variant, B, T, a.head_chunk)
     step = jax.jit(lambda s, b: ts.apply_update(s, b, loss_fn, 1), donate_argnums=(0,))
     return step.lower(state, toks).compile()
 
@@ -301,6 +301,7 @@ def main(argv=None):
     p.add_argument("--remat", type=int, default=1)
     p.add_argument("--remat-policy", default="nothing")
     p.add_argument("--scan-unroll", type=int, default=1, help="train: TransformerConfig.scan_unroll")
+    p.add_argument("--head-chunk", type=int, default=1024, help="train: rows per vocabulary-head chunk (fused)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--peak", type=float, default=800e12, help="matmul FLOP/s for the floor (H200 dense bf16: 989e12)")
@@ -337,6 +338,7 @@ def main(argv=None):
                 f.write(text)
         mem = comp.memory_analysis()
         row = dict(variant=v, attn=a.attn, remat=a.remat, remat_policy=a.remat_policy, scan_unroll=a.scan_unroll,
+                   head_chunk=a.head_chunk,
                    batch=a.batch, seq=a.seq,
                    temp_gb=getattr(mem, "temp_size_in_bytes", 0) / 1e9 if mem else None,
                    **summarize(kernels(text), a.peak, a.bandwidth, a.top))

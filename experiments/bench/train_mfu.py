@@ -64,7 +64,7 @@ def old_token_logprobs(gd, params, tokens, mask):
     return jnp.where(mask[:, 1:], picked - jax.nn.logsumexp(logits, axis=-1), 0.0)
 
 
-def token_loss_fn(variant: str, batch: int, seq: int):
+def token_loss_fn(variant: str, batch: int, seq: int, head_chunk: int = 1024):
     """The step's loss callback, -sum of every token's log-prob: through `train_state.token_loss` (variants ending
     in "fused": the head's gradient in its forward pass), the old full-logits function ("full"), or
     `train_state.token_logprobs` (the others). Also used by gpu_aot.py."""
@@ -73,7 +73,7 @@ def token_loss_fn(variant: str, batch: int, seq: int):
 
     def loss_fn(gd, params, tokens):
         if variant.endswith("fused"):
-            total, _, _ = ts.token_loss(gd, params, tokens, mask, lambda lp, aux: -lp, {})
+            total, _, _ = ts.token_loss(gd, params, tokens, mask, lambda lp, aux: -lp, {}, head_chunk=head_chunk)
             return total, (den, {})
         if variant == "full":
             logp = old_token_logprobs(gd, params, tokens, mask)
@@ -93,7 +93,7 @@ def measure(cfg, variant: str, a) -> dict:
     tr.dense_attention = _dense_mask(variant != "cudnn_fullmask") if masked else _DENSE  # what Transformer calls
     state = ts.create_train_state(tr.create(cfg, jax.random.key(0)), optax.adamw(1e-5))
     toks = jax.random.randint(jax.random.key(1), (a.batch, a.seq), 0, cfg.vocab_size)
-    loss_fn = token_loss_fn(variant.removesuffix("_bias"), a.batch, a.seq)
+    loss_fn = token_loss_fn(variant.removesuffix("_bias"), a.batch, a.seq, a.head_chunk)
 
     step = jax.jit(lambda s, b: ts.apply_update(s, b, loss_fn, 1), donate_argnums=(0,))
     t0 = time.time()
@@ -112,7 +112,7 @@ def measure(cfg, variant: str, a) -> dict:
     tokens = a.batch * a.seq
     flops = model_flops_per_token(cfg, a.seq) * tokens
     return dict(variant=variant, preset=a.preset, batch=a.batch, seq=a.seq, remat=a.remat, remat_policy=cfg.remat_policy,
-                scan_unroll=cfg.scan_unroll,
+                scan_unroll=cfg.scan_unroll, head_chunk=a.head_chunk,
                 params_m=tr.num_params(state.params) / 1e6, step_s=dt, step_s_all=times, tokens_per_s=tokens / dt,
                 tflops=flops / dt / 1e12, mfu=flops / dt / a.peak, compile_s=compile_s,
                 temp_bytes=getattr(mem, "temp_size_in_bytes", None) if mem is not None else None,
@@ -128,6 +128,7 @@ def main(argv=None):
     p.add_argument("--remat-policy", default="nothing", help="TransformerConfig.remat_policy: nothing | dots | mlp")
     p.add_argument("--scan-unroll", type=int, default=1, help="TransformerConfig.scan_unroll (layers per scan step)")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--head-chunk", type=int, default=1024, help="fused variants: rows per vocabulary-head chunk")
     p.add_argument("--peak", type=float, default=989e12)
     p.add_argument("--variants", default="chunked",
                    help="comma list of chunked, full (before #16), cudnn, cudnn_fullmask, fused, cudnn_fused; "
