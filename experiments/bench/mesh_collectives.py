@@ -59,7 +59,9 @@ def collectives(mesh_cfg: MeshConfig, pack: bool, hidden: int, seq: int, batch: 
 def collective_ops(hlo: str) -> list[tuple[str, list[str]]]:
     """(kind, result shapes) of every collective in compiled HLO text. XLA's combiners merge collectives into one op
     over a tuple of buffers (`(f32[4,256], f32[4,256])`), so an op count alone says little: count the buffers and
-    their bytes. An async pair counts once (its -start)."""
+    their bytes. An async pair counts once, by its -start, whose result tuple some collectives (all-gather) print
+    with their operands in it: their bytes are an upper bound. All-reduces, the ones compared here, print their
+    results only."""
     ops = []
     for line in hlo.splitlines():
         m = re.match(r"\s*(?:ROOT )?%[\w.\-]+ = (.+?) (" + "|".join(_OPS) + r")(-start)?\(", line)
