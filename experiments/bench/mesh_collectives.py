@@ -7,7 +7,8 @@ Simulated CPU devices (`--xla_force_host_platform_device_count`): the value and 
 next-token loss with the parameters placed by `infra.sharding.param_specs` and the batch over (data, fsdp),
 compiled, and its all-reduce / all-gather / reduce-scatter / all-to-all / collective-permute ops counted with the
 buffers and bytes they move (XLA combines collectives into one op over a tuple of buffers), with the shapes of
-the buffers one variant all-reduces that the other does not. Nothing is run.
+the buffers one variant all-reduces that the other does not. Each program also runs once, and the two variants'
+losses and gradients on the same mesh are compared (packing must not change them).
 
 Until session 21 this script counted only collectives over a single buffer, so a combined all-reduce of two
 buffers went uncounted; the packed variant, whose gate / up gradient is one buffer, looked like it all-reduced
@@ -29,6 +30,7 @@ from collections import Counter  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from crl_jax.config import MeshConfig  # noqa: E402
@@ -38,7 +40,8 @@ from crl_jax.models import transformer as tr  # noqa: E402
 _OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
-def collectives(mesh_cfg: MeshConfig, pack: bool, hidden: int, seq: int, batch: int) -> list[tuple[str, list[str]]]:
+def collectives(mesh_cfg: MeshConfig, pack: bool, hidden: int, seq: int, batch: int):
+    """-> (`collective_ops` of the compiled gradient program, (loss, gradients) it computes, on the host)."""
     cfg = tr.tiny_config(256, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=2, num_heads=4,
                          num_kv_heads=2, max_position_embeddings=max(seq, 64), pack_mlp=pack)
     mesh = sharding.make_mesh(mesh_cfg)
@@ -52,8 +55,8 @@ def collectives(mesh_cfg: MeshConfig, pack: bool, hidden: int, seq: int, batch: 
         lg = tr.merge(gd, p)(t).astype(jnp.float32)
         return jnp.mean(jax.nn.logsumexp(lg, -1) - jnp.take_along_axis(lg, t[..., None], -1)[..., 0])
 
-    txt = jax.jit(jax.value_and_grad(loss)).lower(params, toks).compile().as_text()
-    return collective_ops(txt)
+    comp = jax.jit(jax.value_and_grad(loss)).lower(params, toks).compile()
+    return collective_ops(comp.as_text()), jax.device_get(comp(params, toks))
 
 
 def collective_ops(hlo: str) -> list[tuple[str, list[str]]]:
@@ -102,9 +105,13 @@ def main(argv=None) -> list[dict]:
     for spec in a.meshes.split(","):
         d, f, t = (int(x) for x in spec.split("x"))
         mc = MeshConfig(data=d, fsdp=f, tensor=t)
-        packed, two = (collectives(mc, pack, a.hidden, a.seq, a.batch) for pack in (True, False))
+        (packed, out_p), (two, out_t) = (collectives(mc, pack, a.hidden, a.seq, a.batch) for pack in (True, False))
         bufs = [Counter(s for kind, shapes in ops if kind == "all-reduce" for s in shapes) for ops in (packed, two)]
+        grads = zip(jax.tree.leaves(out_p[1]), jax.tree.leaves(out_t[1]))
         rows.append(dict(mesh=spec, packed=totals(packed), two_matmuls=totals(two),
+                         loss_diff=abs(float(out_p[0]) - float(out_t[0])),
+                         grad_max_rel_diff=max(float(np.abs(g - h).max() / max(np.abs(h).max(), 1e-30))
+                                               for g, h in grads),
                          all_reduced_only_packed=sorted((bufs[0] - bufs[1]).elements()),
                          all_reduced_only_two_matmuls=sorted((bufs[1] - bufs[0]).elements())))
         print(json.dumps(rows[-1]), flush=True)

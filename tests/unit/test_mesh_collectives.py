@@ -1,7 +1,7 @@
 """experiments/bench/mesh_collectives.py in a subprocess of 4 simulated CPU devices: the measurement behind
 `ModelConfig.pack_mlp`'s default (on for every mesh). On a mesh that shards parameters (fsdp 4, tensor 4, fsdp 2 x
 tensor 2) the packed gate / up matmul's gradient program has as many collective ops as two matmuls' and
-all-reduces as many bytes or fewer. The parser counts the buffers of combined (tuple) collectives: session 20's
+all-reduces as many bytes or fewer, and computes the same loss and gradients. The parser counts the buffers of combined (tuple) collectives: session 20's
 count missed them and made packing look like it added all-reduces."""
 
 import importlib.util
@@ -50,6 +50,7 @@ def test_packed_gate_up_all_reduces_no_more_than_two_matmuls(tmp_path):
         for kind in p:
             assert p[kind]["ops"] == t[kind]["ops"], r
         assert p["all-reduce"]["bytes"] <= t["all-reduce"]["bytes"], r
+        assert r["loss_diff"] < 1e-6 and r["grad_max_rel_diff"] < 1e-5, r  # the same gradient, sharded
         # what only the packed program all-reduces is its packed [B, T, 2, I] product, where two matmuls have two
         assert all(s.count(",") == 3 and ",2," in s for s in r["all_reduced_only_packed"]), r
     assert rows[1]["packed"]["all-reduce"]["bytes"] < rows[1]["two_matmuls"]["all-reduce"]["bytes"]  # tensor 4
