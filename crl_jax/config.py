@@ -41,9 +41,11 @@ class ModelConfig:
     num_kv_heads: int = 2  # tiny preset only: key/value heads
     intermediate_size: int = 128  # tiny preset only: MLP width
     dtype: str = "float32"  # parameter dtype: float32 | bfloat16
-    scan_unroll: int = 1  # layers per iteration of the training forward's layer scan (TransformerConfig.scan_unroll);
-    #                       0 = every layer: straight-line layers, whose saved activations are not copied into
-    #                       [L, ...] stacks (a SmolLM2-shape CPU step 0.78x; compiles longer; bench/RESULTS.md)
+    scan_unroll: int = -1  # layers per iteration of the training forward's layer scan (TransformerConfig.scan_unroll);
+    #                        0 = every layer: straight-line layers, whose saved activations are not copied into
+    #                        [L, ...] stacks (a SmolLM2-shape CPU step 0.78x; compiles longer; bench/RESULTS.md);
+    #                        -1 = auto: every layer on a GPU (the LLM actor step compiled for an H200: 57% less
+    #                        elementwise traffic, half the launches, less temporary memory), 1 elsewhere
     pack_mlp: bool | None = True  # gate and up as one packed matmul in the full forward (the LLM path's learner;
     #                               the tiny path's default losses score through `hidden_at`, which keeps them
     #                               apart), with a one-pass backward (TransformerConfig.pack_mlp); on every mesh
@@ -57,10 +59,16 @@ class ModelConfig:
     temperature: float = 1.0  # sampling temperature during training rollouts
     init_seed: int = 0  # offset of the parameter-init key (fold-in of the run key)
 
-    def forward_options(self, num_layers: int) -> dict:
-        """The TransformerConfig fields these options set on either path: `scan_unroll` (0 = every layer) and
-        `pack_mlp` (None: on)."""
-        return dict(scan_unroll=self.scan_unroll or num_layers, pack_mlp=self.pack_mlp is not False)
+    def forward_options(self, num_layers: int, backend: str | None = None) -> dict:
+        """The TransformerConfig fields these options set on either path: `scan_unroll` (0 = every layer; -1 = every
+        layer on `backend` "gpu", default jax's, else 1) and `pack_mlp` (None: on)."""
+        unroll = self.scan_unroll
+        if unroll < 0:
+            if backend is None:
+                import jax  # the config module stays importable without initialising a backend
+                backend = jax.default_backend()
+            unroll = 0 if backend == "gpu" else 1
+        return dict(scan_unroll=unroll or num_layers, pack_mlp=self.pack_mlp is not False)
 
 
 @dataclass(frozen=True)

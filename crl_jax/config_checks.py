@@ -261,6 +261,6 @@ def validate(cfg) -> None:
         need(m.temperature >= 0, f"{name}.temperature", "must be >= 0")
         need(m.dtype in ("float32", "bfloat16"), f"{name}.dtype", "must be float32 or bfloat16")
         need(m.truncate_layers >= 0, f"{name}.truncate_layers", "must be >= 0 (0 = every layer)")
-        need(m.scan_unroll >= 0, f"{name}.scan_unroll", "must be >= 0 (0 = every layer)")
+        need(m.scan_unroll >= -1, f"{name}.scan_unroll", "must be >= -1 (0 = every layer, -1 = auto)")
     if cfg.method == "offline":
         need(bool(cfg.bank.offline_path), "bank.offline_path", "method=offline needs a bank file")

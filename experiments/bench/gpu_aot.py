@@ -27,6 +27,8 @@ Qwen's head dW GEMM, 1,024 rows into a [896, 151,936] float32 gradient, sits at 
 memory kernels are printed with the JAX operation they came from. What:
 - `train`: `train_mfu.py`'s step at the Qwen2.5-0.5B shape (variants chunked / fused head, `--remat-policy`,
   `--attn`);
+- `llm`: one update of the LLM path's actor (PPO) or extractor (CISPO) loss at the SmolLM2-135M shape, B 8 x ~800
+  tokens (variants actor / extractor; `--scan-unroll 0` = every layer);
 - `decode`: `sampling.generate` at the SmolLM2-135M shape, or `--decode-preset`'s (variants: `decode_kernel`
   xla / pallas; `--batch`, `--seq` = prompt, `--new-tokens`): the kernel launches per decode step, by kind (the
   Pallas kernels are compiled by XLA's own Triton for sm_90 here, so this also checks that they build).
@@ -260,6 +262,30 @@ def train_program(variant: str, a):
     return step.lower(state, toks).compile()
 
 
+def llm_program(loss: str, a):
+    """One update of the LLM path's loss `loss` (actor: PPO over 8 replies of 16 tokens closing the turns of a
+    768-token conversation; extractor: CISPO over a 16-token response after a 768-token prompt, as `gpu.sh`'s
+    llm_head step) at the SmolLM2-135M shape, bf16, cuDNN attention, batch `a.batch`, the library's optimizer."""
+    import llm_head  # this script's neighbour
+
+    from crl_jax.learner import train_state as ts
+    from crl_jax.learner.loss_fns import CISPOLossConfig, PPOLossConfig, actor_ppo_loss, extractor_cispo_loss
+    from crl_jax.models import attention
+    from crl_jax.models import transformer as tr
+    from crl_jax.models.presets import preset_config
+
+    _as_gpu(attention)
+    cfg = preset_config("smollm2-135m", param_dtype="bfloat16", remat=bool(a.remat), remat_policy=a.remat_policy,
+                        scan_unroll=a.scan_unroll or 30, attn_impl=a.attn)
+    rep = h200_sharding()
+    put = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), t)  # noqa: E731
+    state = put(jax.eval_shape(lambda: ts.create_train_state(tr.create(cfg, jax.random.key(0)), ts.make_optimizer())))
+    _, batch = jax.eval_shape(lambda: llm_head.batches(loss, a.batch, 768, 16, 8, cfg.vocab_size))
+    fn = extractor_cispo_loss(CISPOLossConfig()) if loss == "extractor" else actor_ppo_loss(PPOLossConfig())
+    step = jax.jit(lambda s, b: ts.apply_update(s, b, fn, 1), donate_argnums=(0,))
+    return step.lower(state, put(batch)).compile()
+
+
 def _as_gpu(module):
     """The library refuses the GPU-only paths off a GPU; here the compile target is one."""
     module.jax = type("_GpuJax", (), {"__getattr__": lambda self, n: getattr(jax, n),
@@ -294,7 +320,8 @@ def decode_program(kernel: str, a):
 
 def main(argv=None):
     p = argparse.ArgumentParser()
-    p.add_argument("--what", default="train", help="train (variants: chunked, fused) | decode (variants: xla, pallas)")
+    p.add_argument("--what", default="train", help="train (variants: chunked, fused) | decode (variants: xla, pallas) "
+                                                   "| llm (variants: actor, extractor)")
     p.add_argument("--decode-preset", default="smollm2-135m", help="decode: the model shape (models.presets)")
     p.add_argument("--variants", default="chunked,fused")
     p.add_argument("--new-tokens", type=int, default=128, help="decode: tokens generated")
@@ -332,7 +359,7 @@ def main(argv=None):
             print(f"== decode_kernel={v}, B {a.batch}: {row['launches_per_step']:.0f} launches per decode step "
                   f"({steps} steps); {row['kernels_per_step']}", flush=True)
             continue
-        comp = train_program(v, a)
+        comp = train_program(v, a) if a.what == "train" else llm_program(v, a)
         text = comp.as_text()
         if a.dump:
             with open(f"{a.dump}.{v}.hlo", "w") as f:

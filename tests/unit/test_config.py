@@ -1,7 +1,9 @@
 """Config: YAML + dotted overrides, typed validation with messages that name the key."""
 
+import dataclasses
 import json
 
+import jax
 import pytest
 
 from crl_jax.config import (REMOVED_KEYS, Config, ConfigError, drop_removed_keys, from_dict, load, parse_overrides,
@@ -43,7 +45,7 @@ def test_parse_overrides_nested():
     (["extraction.update_unretrieved=skip"], "extraction.update_unretrieved"),
     (["rollout.turn_block=-1"], "rollout.turn_block"),
     (["rollout.turn_block=8", "actor.preset=smollm2-135m"], "rollout.turn_block"),
-    (["extractor.scan_unroll=-1"], "extractor.scan_unroll"),
+    (["extractor.scan_unroll=-2"], "extractor.scan_unroll"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as e:
@@ -143,3 +145,16 @@ def test_scan_unroll_reaches_the_model_config_on_both_paths():
                       "extractor.preset=smollm2-135m", "extractor.scan_unroll=2"])
     assert llm_runtime._load(llm.actor)[0].scan_unroll == 4
     assert llm_runtime._load(llm.extractor)[0].scan_unroll == 2
+
+
+def test_scan_unroll_auto_unrolls_every_layer_on_a_gpu_only():
+    """-1 (the default): every layer on a GPU, where the rolled scan copies every saved activation into [L, ...]
+    stacks (bench/RESULTS.md, session 21), a rolled scan on the CPU and TPU; explicit values pass through."""
+    m = load(None, []).actor
+    assert m.scan_unroll == -1
+    assert m.forward_options(30, backend="gpu")["scan_unroll"] == 30
+    assert m.forward_options(30, backend="cpu")["scan_unroll"] == 1
+    assert m.forward_options(30, backend="tpu")["scan_unroll"] == 1
+    assert m.forward_options(30)["scan_unroll"] == (30 if jax.default_backend() == "gpu" else 1)
+    for u, want in ((0, 30), (1, 1), (6, 6)):
+        assert dataclasses.replace(m, scan_unroll=u).forward_options(30, backend="gpu")["scan_unroll"] == want
