@@ -44,7 +44,9 @@
 #   rematerialised (122 ms); the first also with the causal mask as a dense cuDNN bias, as before session 21
 #   (cudnn_fused_bias: the before / after of cuDNN's plain causal kernel); explore_mfu_unroll_chunk4k = the first
 #   with 4,096-row head chunks, not 1,024 (gpu_aot.py: the [H, V] float32 gradient added to 4 times, not 16:
-#   -20 GB in and out of the head's GEMMs, -144 launches, +2.8 GB temporary memory);
+#   -20 GB in and out of the head's GEMMs, -144 launches, +2.8 GB temporary memory); explore_llm_head_unroll =
+#   llm_head with every layer unrolled, the learner's GPU default since session 21 (gpu_aot.py --what llm: 57% less
+#   elementwise traffic than the scan llm_head times);
 #   explore_mfu_cublas = the fused-head variant with full remat and every matmul on cuBLAS (XLA's Triton GEMM
 #   fusions off)
 # Targets (issue #16): decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
@@ -143,6 +145,9 @@ else
       --remat-policy mlp --scan-unroll 24 --variants cudnn_fused
     step explore_mfu_unroll_chunk4k 150 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
       --scan-unroll 24 --head-chunk 4096 --variants cudnn_fused
+    # the LLM losses with every layer unrolled: the runs' GPU default since session 21 (llm_head times the scan)
+    step explore_llm_head_unroll 120 llm_head.py --loss extractor,actor --batch 8 --prompt-len 768 --reply-len 16 \
+      --turns 8 --dtype bfloat16 --reps 3 --scan-unroll 0
     step explore_pallas_tiles 150 sampler.py --model smollm2-shape --batches 1 --prompt-len 128 --new-tokens 128 \
       --dtype bfloat16 --reps 3 --decode-kernel pallas \
       --fused-set "UNROLL=0;UNROLL=1;MLP_COLS=64;NUM_WARPS=2;NUM_WARPS=8;NUM_STAGES=1"
