@@ -88,6 +88,11 @@ def shape_bytes(text: str) -> int:
     return sum(_BYTES[t] * math.prod(int(d) for d in dims.split(",") if d) for t, dims in _SHAPE.findall(text))
 
 
+def shape_list(text: str) -> list[str]:
+    """Every array shape in `text` (a tuple's one by one), without layouts: ["f32[4,256]", "bf16[8]"]."""
+    return [f"{t}[{dims}]" for t, dims in _SHAPE.findall(text)]
+
+
 def _dims(text: str) -> list[int]:
     m = _SHAPE.search(text)
     return [int(d) for d in m.group(2).split(",") if d] if m else []
@@ -276,7 +281,8 @@ def llm_program(loss: str, a):
 
     _as_gpu(attention)
     cfg = preset_config("smollm2-135m", param_dtype="bfloat16", remat=bool(a.remat), remat_policy=a.remat_policy,
-                        scan_unroll=a.scan_unroll or 30, attn_impl=a.attn)
+                        attn_impl=a.attn)
+    cfg = cfg.replace(scan_unroll=a.scan_unroll or cfg.num_layers)
     rep = h200_sharding()
     put = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), t)  # noqa: E731
     state = put(jax.eval_shape(lambda: ts.create_train_state(tr.create(cfg, jax.random.key(0)), ts.make_optimizer())))

@@ -46,8 +46,8 @@ def attention_check(smoke: bool = False) -> dict:
     out = {}
     # "einsum" with the key mask is the reference; `impl` runs it with the key mask (a [B, 1, T, T] bias for
     # cuDNN) and without one ("causal": right padding needs none, the learner's form: cuDNN's causal kernel).
-    for name, key_mask in (("einsum", mask), (impl, mask), (impl + "_causal", None)):
-        gd, pa = tr.split(tr.create(cfg.replace(attn_impl=name.split("_")[0]), jax.random.key(0)))
+    for name, attn_impl, key_mask in (("einsum", "einsum", mask), (impl, impl, mask), (impl + "_causal", impl, None)):
+        gd, pa = tr.split(tr.create(cfg.replace(attn_impl=attn_impl), jax.random.key(0)))
 
         def loss(p):
             logits = tr.merge(gd, p)(toks, attention_mask=key_mask).astype(jnp.float32)

@@ -24,8 +24,8 @@ if __name__ == "__main__":
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import re  # noqa: E402
+import sys  # noqa: E402
 from collections import Counter  # noqa: E402
 
 import jax  # noqa: E402
@@ -36,6 +36,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 from crl_jax.config import MeshConfig  # noqa: E402
 from crl_jax.infra import sharding  # noqa: E402
 from crl_jax.models import transformer as tr  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_aot import shape_bytes, shape_list  # noqa: E402  (this script's neighbour: HLO shapes and their bytes)
 
 _OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -69,7 +72,7 @@ def collective_ops(hlo: str) -> list[tuple[str, list[str]]]:
     for line in hlo.splitlines():
         m = re.match(r"\s*(?:ROOT )?%[\w.\-]+ = (.+?) (" + "|".join(_OPS) + r")(-start)?\(", line)
         if m:
-            ops.append((m.group(2), [t + "[" + d + "]" for t, d in _SHAPE.findall(m.group(1))]))
+            ops.append((m.group(2), shape_list(m.group(1))))
     return ops
 
 
@@ -80,17 +83,8 @@ def totals(ops) -> dict:
         t = out.setdefault(kind, dict(ops=0, buffers=0, bytes=0))
         t["ops"] += 1
         t["buffers"] += len(shapes)
-        t["bytes"] += sum(_bytes(s) for s in shapes)
+        t["bytes"] += sum(shape_bytes(s) for s in shapes)
     return out
-
-
-_SIZES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "f64": 8}
-_SHAPE = re.compile(r"\b(" + "|".join(_SIZES) + r")\[([0-9,]*)\]")
-
-
-def _bytes(shape: str) -> int:
-    t, d = _SHAPE.match(shape).groups()
-    return _SIZES[t] * math.prod(int(x) for x in d.split(",") if x)
 
 
 def main(argv=None) -> list[dict]:
