@@ -7,6 +7,7 @@ import numpy as np
 from flax import nnx
 
 from crl_jax.models import transformer as tr
+from crl_jax.models.gpu_target import abstract_gpu
 
 
 def _model(seed=0, **kw):
@@ -37,8 +38,9 @@ def lowered_step_for_cuda(cfg, capacity: int) -> str:
         return fd.decode_step(m, m.layer_list(fused=True), tok, pos, cache, idx)
 
     i32 = jax.ShapeDtypeStruct((1,), jnp.int32)
-    return jax.jit(step).trace(params, i32, i32, cache, jax.ShapeDtypeStruct((), jnp.int32)).lower(
-        lowering_platforms=("cuda",)).as_text()
+    with abstract_gpu():  # jax 0.11 reads the target GPU from the mesh in context (0.10 assumed sm_90)
+        return jax.jit(step).trace(params, i32, i32, cache, jax.ShapeDtypeStruct((), jnp.int32)).lower(
+            lowering_platforms=("cuda",)).as_text()
 
 
 def _prefilled(model, S_cap, P=21, pad=3):

@@ -74,7 +74,8 @@ _INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.+?) ([\w\-]+)\((.*)$")
 _COMP = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \((.*)\) -> .* \{$")
 _SKIP = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while", "conditional", "call",
          "after-all", "partition-id", "replica-id", "opt-barrier", "add-dependency", "copy-done", "send-done",
-         "recv-done", "all-reduce-done", "all-gather-done", "async-done", "async-update"}
+         "recv-done", "all-reduce-done", "all-gather-done", "async-done", "async-update",
+         "fusion-done"}  # jax 0.11's XLA runs some fusions async: the kernel is its fusion-start, counted there
 
 
 def h200_sharding():
@@ -91,6 +92,23 @@ def shape_bytes(text: str) -> int:
 def shape_list(text: str) -> list[str]:
     """Every array shape in `text` (a tuple's one by one), without layouts: ["f32[4,256]", "bf16[8]"]."""
     return [f"{t}[{dims}]" for t, dims in _SHAPE.findall(text)]
+
+
+def _tuple_items(text: str) -> list[str]:
+    """The top-level items of a tuple shape: "((f32[2], s32[]), f32[1], u32[])" -> ["(f32[2], s32[])", "f32[1]",
+    "u32[]"] (layouts kept)."""
+    items, depth, start = [], 0, 1
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if (ch == "," and depth == 1) or (ch == ")" and depth == 0):
+            items.append(text[start:i].strip())
+            start = i + 1
+        if depth == 0 and i > 0:
+            break
+    return items
 
 
 def _dims(text: str) -> list[int]:
@@ -174,6 +192,8 @@ def kernels(hlo: str) -> list[dict]:
             if op in _SKIP:
                 continue
             operands = re.findall(r"%([\w.\-]+)", rest.split("), ", 1)[0])
+            if op == "fusion-start":  # ((operands...), result, context): the kernel writes the result only
+                shape = _tuple_items(shape)[1]
             out_b = shape_bytes(shape)
             in_b = [shape_bytes(shapes.get(o, "")) for o in operands]
             called = re.search(r"calls=%([\w.\-]+)", rest)
@@ -321,7 +341,9 @@ def decode_program(kernel: str, a):
 
     args = (jax.tree.map(put, params), put(jax.ShapeDtypeStruct((a.batch, a.seq), jnp.int32)),
             put(jax.ShapeDtypeStruct((a.batch,), jnp.int32)), put(jax.ShapeDtypeStruct((), jax.random.key(0).dtype)))
-    return jax.jit(gen).lower(*args).compile()
+    from crl_jax.models.gpu_target import abstract_gpu
+    with abstract_gpu():  # jax 0.11's Pallas lowering reads the target GPU from the mesh in context
+        return jax.jit(gen).lower(*args).compile()
 
 
 def main(argv=None):

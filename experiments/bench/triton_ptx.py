@@ -35,6 +35,7 @@ from sampler import set_fused_tiles  # noqa: E402
 
 from crl_jax.models import fused_decode as fd  # noqa: E402
 from crl_jax.models import fused_sample  # noqa: E402
+from crl_jax.models.gpu_target import abstract_gpu  # noqa: E402
 from crl_jax.models import transformer as tr  # noqa: E402
 from crl_jax.models.presets import preset_config  # noqa: E402
 
@@ -85,7 +86,7 @@ def triton_modules(preset: str) -> dict[str, str]:
     buf = io.StringIO()
     fd.DEBUG = True
     try:
-        with contextlib.redirect_stdout(buf):
+        with contextlib.redirect_stdout(buf), abstract_gpu():  # jax 0.11: the target GPU from the mesh in context
             jax.jit(step).trace(params, i32, i32, cache, jax.ShapeDtypeStruct((), jnp.int32)).lower(
                 lowering_platforms=("cuda",))
             for temp in (1.0, 0.0):

@@ -13,6 +13,7 @@ from crl_jax import sampling as S
 from crl_jax.models import fused_decode as fd
 from crl_jax.models import fused_sample as fs
 from crl_jax.models import transformer as tr
+from crl_jax.models.gpu_target import abstract_gpu
 from _fused_models import _model, _prefilled, lowered_step_for_cuda  # tests/ is on sys.path (conftest.py)
 
 
@@ -126,7 +127,8 @@ def test_the_draw_lowers_for_cuda_with_triton(temperature):
     args = (sds((1,), jnp.int32), sds((N,), jnp.float32), sds((V,), jnp.float32), sds((384,), jnp.float32),
             sds((384,), jnp.float32), sds((1, N), jnp.int32), sds((1, N), jnp.float32))
     draw = lambda *a: fs.sample(*a, temperature=temperature, stops=(2, V - 1))  # noqa: E731
-    text = jax.jit(draw).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    with abstract_gpu():  # jax 0.11 reads the target GPU from the mesh in context
+        text = jax.jit(draw).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("xla.gpu.triton") == 1 and "decode_sample" in text
 
 

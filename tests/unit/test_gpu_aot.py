@@ -58,3 +58,31 @@ def test_a_fusion_reading_slices_counts_each_slice_it_reads():
     half = G.kernels(jax.jit(lambda x: jnp.tanh(x[:, :256]) * 2.0).lower(x).compile().as_text())
     assert [k["bytes"] for k in both if k["kind"] == "memory"] == [out + 2 * out]
     assert [k["bytes"] for k in half if k["kind"] == "memory"] == [out + out]
+
+
+_ASYNC_SLICE = """
+%fused_slice (p0: bf16[30,576,192], p1: s32[]) -> bf16[1,576,192] {
+  %p0 = bf16[30,576,192]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %c = s32[] constant(0)
+  ROOT %ds = bf16[1,576,192]{2,1,0} dynamic-slice(%p0, %p1, %c, %c), dynamic_slice_sizes={1,576,192}
+}
+
+ENTRY %main (stack: bf16[30,576,192], i: s32[]) -> bf16[1,576,192] {
+  %stack = bf16[30,576,192]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %fusion-start = ((bf16[30,576,192]{2,1,0}, s32[]), bf16[1,576,192]{2,1,0}, u32[]) fusion-start(%stack, %i), \
+kind=kLoop, calls=%fused_slice, metadata={op_name="jit(f)/dynamic_slice"}
+  ROOT %fusion-done = bf16[1,576,192]{2,1,0} fusion-done(%fusion-start), metadata={op_name="jit(f)/dynamic_slice"}
+}
+""".replace("\\\n", "")
+
+
+def test_an_async_fusion_is_one_kernel_moving_its_result_only():
+    """jax 0.11's XLA runs some fusions as fusion-start / fusion-done pairs, whose start's shape holds its operands
+    next to its result: one launch, the slice read and written, not the [30, ...] stack it slices."""
+    ks = G.kernels(_ASYNC_SLICE)
+    one = 576 * 192 * 2
+    assert [(k["trips"], k["bytes"]) for k in ks] == [(1, one + one + 4)]  # the slice in and out, and the index
+    assert G._tuple_items("((bf16[30,576,192]{2,1,0}, s32[]), bf16[1,576,192]{2,1,0}, u32[])") == [
+        "(bf16[30,576,192]{2,1,0}, s32[])", "bf16[1,576,192]{2,1,0}", "u32[]"]
