@@ -15,13 +15,57 @@ and no reader later trips over them.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import sys
 
 import jax
 import orbax.checkpoint as ocp
 
 from crl_jax.infra.errors import CheckpointError  # noqa: F401  (re-exported: the class the CLI catches)
+
+
+_RESTORED: set[str] = set()  # checkpoint folders restores were started on, in this process
+
+
+def _orphaned_read(record: logging.LogRecord) -> bool:
+    """asyncio's "... exception was never retrieved" report of a read that a failed restore left behind: it
+    names Orbax's reader, Orbax's read error, or the folder being restored."""
+    msg = record.getMessage()
+    return "exception was never retrieved" in msg and (
+        "orbax" in msg or "reading array index" in msg or any(path in msg for path in _RESTORED))
+
+
+def _keep_log_record(record: logging.LogRecord) -> bool:
+    return not _orphaned_read(record)
+
+
+def _quiet_orphaned_reads(path: str) -> None:
+    """When a restore fails, Orbax closes its asyncio loop while TensorStore still finishes the reads it
+    started. What is left then reaches stderr as stray tracebacks around the one-line `CheckpointError`:
+    callbacks failing with RuntimeError("Event loop is closed"), read coroutines dropped with their errors
+    unretrieved (both unraisable exceptions), and asyncio's "... exception was never retrieved" log records of
+    the same reads. They say nothing the error does not, so they are dropped. This is set up before a restore
+    starts (the first callbacks can fail before the error reaches us) and stays; every other unraisable
+    exception and log record passes as before. A restore that succeeds leaves nothing of these kinds."""
+    _RESTORED.add(path)
+    log = logging.getLogger("asyncio")
+    if _keep_log_record not in log.filters:
+        log.addFilter(_keep_log_record)
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_orphaned_reads", False):
+        return
+
+    def hook(unraisable):
+        exc, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
+        closed_loop = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+        orbax_read = code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+        if not (closed_loop or orbax_read):
+            previous(unraisable)
+
+    hook.drops_orphaned_reads = True
+    sys.unraisablehook = hook
 
 
 def _to_saveable(state):
@@ -90,6 +134,7 @@ class Checkpointer:
             raise CheckpointError(f"no checkpoint in {self.directory}")
         path = os.path.join(self.directory, str(step))
         target = _abstract(_to_saveable(template))
+        _quiet_orphaned_reads(path)
         try:
             saved = self._mgr.restore(step, args=self._ocp.args.StandardRestore(target))
         except Exception as e:  # orbax raises many types for unreadable / mismatched trees
