@@ -183,8 +183,8 @@ def test_latest_valid_moves_a_damaged_newest_checkpoint_aside(tmp_path, capsys, 
 
 def test_the_cli_says_one_line_for_a_damaged_checkpoint(tmp_path):
     """In a process of its own, where no pytest hook takes them: after a failed restore, TensorStore's reads still
-    finishing call into Orbax's closed event loop. Their "Event loop is closed" tracebacks must not follow the
-    one-line error."""
+    finishing call into Orbax's closed event loop. Their tracebacks ("Event loop is closed", read errors nobody
+    retrieved) must not follow the one-line error."""
     d = tmp_path / "run"
     train(d, 3)
     _damage(d / "checkpoints" / "3", "truncate")
