@@ -29,16 +29,12 @@ from crl_jax.infra.errors import CheckpointError  # noqa: F401  (re-exported: th
 _RESTORED: set[str] = set()  # checkpoint folders restores were started on, in this process
 
 
-def _orphaned_read(record: logging.LogRecord) -> bool:
-    """asyncio's "... exception was never retrieved" report of a read that a failed restore left behind: it
-    names Orbax's reader, Orbax's read error, or the folder being restored."""
-    msg = record.getMessage()
-    return "exception was never retrieved" in msg and (
-        "orbax" in msg or "reading array index" in msg or any(path in msg for path in _RESTORED))
-
-
 def _keep_log_record(record: logging.LogRecord) -> bool:
-    return not _orphaned_read(record)
+    """False for asyncio's "... exception was never retrieved" report of a read that a failed restore left
+    behind: it names Orbax's reader, Orbax's read error, or the folder being restored."""
+    msg = record.getMessage()
+    return not ("exception was never retrieved" in msg and (
+        "orbax" in msg or "reading array index" in msg or any(path in msg for path in _RESTORED)))
 
 
 def _quiet_orphaned_reads(path: str) -> None:
