@@ -49,7 +49,6 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 
 CH = 64  # hidden-size chunk of every matvec
@@ -66,6 +65,19 @@ UNROLL = 3  # chunks per step of the loops over the hidden size: k = a `fori_loo
 #             in flight at once; at SmolLM2 shape the MLP kernel then spills 168 bytes at 255 registers, against
 #             72 registers and no spill with 3: experiments/bench/triton_ptx.py)
 f32 = jnp.float32
+
+
+def triton_backend():
+    """jax's Pallas Triton backend (`jax.experimental.pallas.triton`), imported when a kernel is first built for a
+    GPU, not with this module: jax 0.11 deprecates it for removal, and a jax without it must still import the
+    sampler (every other path runs without it). Raises a ValueError naming the way out where it is gone."""
+    try:
+        from jax.experimental.pallas import triton
+        triton.CompilerParams  # noqa: B018 (the one name the kernels use)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"decode_kernel='pallas' builds its kernels with Pallas' Triton backend, which jax "
+                         f"{jax.__version__} does not have ({e}); use decode_kernel='xla'") from None
+    return triton
 
 
 def _pow2(n: int) -> bool:
@@ -90,7 +102,7 @@ def _call(kernel, out_shape, grid, interpret: bool, aliases=None, name=None):
     if interpret:
         kw["interpret"] = True
     else:
-        kw["compiler_params"] = plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        kw["compiler_params"] = triton_backend().CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return pl.pallas_call(kernel, **kw)
 
 

@@ -3,6 +3,10 @@ interpreter on the CPU, against the XLA decode step (logits, the written cache s
 (the same greedy tokens); and the kernels lowered for a CUDA GPU (Triton) from the CPU, which catches the
 shapes and operations Triton would refuse before a GPU ever sees them."""
 
+import subprocess
+import sys
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -78,6 +82,34 @@ def test_batches_above_one_keep_the_xla_path_and_bad_shapes_are_errors():
             fs.wanted("pallas", cfg, 1)
     with pytest.raises(ValueError, match="decode_kernel must be one of"):
         S.SamplerConfig(max_new_tokens=4, decode_kernel="triton")
+
+
+def test_a_jax_without_the_triton_backend_still_samples_and_names_the_way_out():
+    """jax 0.11 deprecates Pallas' Triton backend for removal. On a jax without it (simulated: the module made
+    unimportable before anything imports it) the sampler imports and samples through XLA and through Pallas'
+    interpreter, and only decode_kernel='pallas' fails, with one error naming 'xla'."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["jax.experimental.pallas.triton"] = None  # import now raises ImportError
+        import jax, jax.numpy as jnp
+        from crl_jax import sampling as S
+        from crl_jax.models import transformer as tr
+        m = tr.create(tr.TransformerConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
+                                           num_heads=4, num_kv_heads=2), jax.random.key(0))
+        args = (m, jnp.array([[5, 6, 7]]), jnp.array([3]), jax.random.key(1))
+        xla = S.generate(*args, max_new_tokens=4, temperature=0.0)[0]
+        interp = S.generate(*args, max_new_tokens=4, temperature=0.0, decode_kernel="pallas_interpret")[0]
+        assert (xla == interp).all(), (xla, interp)
+        try:
+            S.generate(*args, max_new_tokens=4, decode_kernel="pallas")
+        except ValueError as e:
+            print("ERROR:", e)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    err = out.stdout.strip().splitlines()[-1]
+    assert err.startswith("ERROR: decode_kernel='pallas' builds its kernels with Pallas' Triton backend"), err
+    assert "use decode_kernel='xla'" in err
 
 
 def test_the_kernels_lower_for_cuda_with_triton():
