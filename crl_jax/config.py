@@ -169,6 +169,12 @@ class LossConfig:
     minibatches: int = 2  # optimizer steps per epoch (the rows shuffled into this many minibatches)
     target_kl: float = 0.0  # >0: early stop of an iteration's PPO steps once a step's approx KL to the behaviour
     #                           policy (measured before the step) exceeds it (tiny path; 0 = off)
+    head_chunk: int = 1024  # LLM path: rows per chunk of the learners' vocabulary head, which takes the loss's
+    #                         gradient in its forward pass (`train_state.token_loss`). It holds a [head_chunk, V]
+    #                         float32 chunk and the [H, V] float32 gradient, against the [rows, V] logits and their
+    #                         gradient of the plain path: fewer rows, less memory, more passes over the gradient
+    #                         (experiments/bench/logprob_memory.py --head-chunk). 0 = the plain, vocabulary-tiled
+    #                         path (`fused_head=False`)
 
 
 @dataclass(frozen=True)

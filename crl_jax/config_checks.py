@@ -228,6 +228,7 @@ def validate(cfg) -> None:
     need(cfg.loss.epochs >= 1, "loss.epochs", "must be >= 1")
     need(cfg.loss.minibatches >= 1, "loss.minibatches", "must be >= 1")
     need(cfg.loss.target_kl >= 0.0, "loss.target_kl", "must be >= 0 (0 = off)")
+    need(cfg.loss.head_chunk >= 0, "loss.head_chunk", "must be >= 0 (0 = the vocabulary-tiled path)")
     need(cfg.extraction.epochs >= 1, "extraction.epochs", "must be >= 1")
     need(0.0 <= cfg.extraction.op_explore < 1.0, "extraction.op_explore", "must be in [0, 1) (0 = off)")
     need(cfg.extraction.op_explore == 0.0 or cfg.extractor.preset == "tiny", "extraction.op_explore",

@@ -61,6 +61,7 @@ class PPOLossConfig:
     # a transformer's vocabulary head takes the loss's gradient in its forward pass (`train_state.token_loss`:
     # three vocabulary matmul passes, not four); ratio "sequence" too, the head's chunks holding whole rows
     fused_head: bool = True
+    head_chunk: int = 1024  # rows per chunk of the fused head (`train_state.token_loss`; `LossConfig.head_chunk`)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class CISPOLossConfig:
     eps_high: float = 0.1
     entropy_metric: bool = True
     fused_head: bool = True  # as PPOLossConfig.fused_head (CISPO is always a sum of per-token terms)
+    head_chunk: int = 1024  # as PPOLossConfig.head_chunk
 
 
 def _trained_mask(batch):
@@ -117,7 +119,7 @@ def actor_ppo_loss(cfg: PPOLossConfig = PPOLossConfig()) -> LossFn:
                 aux["ref"] = batch.ref_logp
             seq = cfg.ratio == "sequence"
             total, logp, ent = token_loss(graphdef, params, batch.tokens, mask, row_fn if seq else token_fn, aux,
-                                          max_trained=batch.trained_width, rowwise=seq)
+                                          max_trained=batch.trained_width, rowwise=seq, head_chunk=cfg.head_chunk)
         else:
             logp, ent = _logprobs(graphdef, params, batch.tokens, mask, batch.trained_width, cfg.entropy_metric)
         num, den, metrics = losses.ppo_clip_loss_parts(
@@ -145,7 +147,7 @@ def extractor_cispo_loss(cfg: CISPOLossConfig = CISPOLossConfig()) -> LossFn:
         if fused:
             aux = dict(behavior=batch.behavior_logp, adv=_row(batch.advantages, mask))
             total, logp, ent = token_loss(graphdef, params, batch.tokens, mask, token_fn, aux,
-                                          max_trained=batch.response_width)
+                                          max_trained=batch.response_width, head_chunk=cfg.head_chunk)
         else:
             logp, ent = _logprobs(graphdef, params, batch.tokens, mask, batch.response_width, cfg.entropy_metric)
         num, den, metrics = losses.cispo_loss_parts(

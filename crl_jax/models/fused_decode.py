@@ -31,14 +31,12 @@ each chunk's loads are independent of the others, so a program has a group's loa
 kernel compiles to (registers, spills) can be seen without a GPU: experiments/bench/triton_ptx.py.
 
 Numerics follow `Transformer._cached_layer` (float32 accumulation, the model dtype's roundings after each
-projection, float32 softmax), except that the normalised input of a projection is not rounded to the model
-dtype. Tested equal (float32, interpret mode) to the XLA step, and lowered for CUDA, on a CPU
-(tests/unit/test_fused_decode.py); GPU parity and speed: gpu_checks.py, decode_cache.py (gpu.sh). One device:
-the kernels take whole arrays (a model sharded over a mesh keeps `decode_kernel="xla"`).
-
-Triton needs power-of-two tensor shapes, so every model dimension is walked in chunks: hidden size a multiple
-of `CH`, head dim a power of two, intermediate size a multiple of `MLP_COLS`, vocabulary a multiple of
-`VOCAB_COLS` (`unsupported` says which one fails).
+projection, float32 softmax), except that a projection's normalised input is not rounded to the model dtype.
+Tested equal (float32, interpret mode) to the XLA step, and lowered for CUDA, on a CPU (test_fused_decode.py);
+GPU parity and speed: gpu_checks.py, decode_cache.py (gpu.sh). One device: the kernels take whole arrays (a
+model sharded over a mesh keeps `decode_kernel="xla"`). Triton needs power-of-two tensor shapes, so every model
+dimension is walked in chunks: hidden size a multiple of `CH`, head dim a power of two, intermediate size a
+multiple of `MLP_COLS`, vocabulary a multiple of `VOCAB_COLS` (`unsupported` says which one fails).
 """
 
 from __future__ import annotations
@@ -67,17 +65,15 @@ UNROLL = 3  # chunks per step of the loops over the hidden size: k = a `fori_loo
 f32 = jnp.float32
 
 
-def triton_backend():
-    """jax's Pallas Triton backend (`jax.experimental.pallas.triton`), imported when a kernel is first built for a
-    GPU, not with this module: jax 0.11 deprecates it for removal, and a jax without it must still import the
-    sampler (every other path runs without it). Raises a ValueError naming the way out where it is gone."""
+def triton_compiler_params():
+    """Pallas' Triton `CompilerParams`, imported when a kernel is built for a GPU, not with this module: jax 0.11
+    deprecates that backend for removal, and a jax without it must still import the sampler. Else a ValueError."""
     try:
-        from jax.experimental.pallas import triton
-        triton.CompilerParams  # noqa: B018 (the one name the kernels use)
-    except (ImportError, AttributeError) as e:
+        from jax.experimental.pallas.triton import CompilerParams
+    except ImportError as e:
         raise ValueError(f"decode_kernel='pallas' builds its kernels with Pallas' Triton backend, which jax "
                          f"{jax.__version__} does not have ({e}); use decode_kernel='xla'") from None
-    return triton
+    return CompilerParams
 
 
 def _pow2(n: int) -> bool:
@@ -102,7 +98,7 @@ def _call(kernel, out_shape, grid, interpret: bool, aliases=None, name=None):
     if interpret:
         kw["interpret"] = True
     else:
-        kw["compiler_params"] = triton_backend().CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        kw["compiler_params"] = triton_compiler_params()(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return pl.pallas_call(kernel, **kw)
 
 

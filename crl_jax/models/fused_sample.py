@@ -49,7 +49,7 @@ def wanted(kernel: str, cfg, batch: int) -> bool:
     if why:
         raise ValueError(f"decode_kernel={kernel!r}: {why}; use decode_kernel='xla'")
     if kernel == "pallas":
-        fd.triton_backend()  # a clear error where this jax has no Triton backend
+        fd.triton_compiler_params()  # a clear error where this jax has no Triton backend
     if kernel == "pallas" and jax.default_backend() != "gpu":
         raise ValueError(f"decode_kernel='pallas' compiles Triton kernels for a CUDA GPU (the default backend is "
                          f"{jax.default_backend()!r}); use 'pallas_interpret' (slow) or 'xla'")

@@ -46,6 +46,7 @@ def test_parse_overrides_nested():
     (["rollout.turn_block=-1"], "rollout.turn_block"),
     (["rollout.turn_block=8", "actor.preset=smollm2-135m"], "rollout.turn_block"),
     (["extractor.scan_unroll=-2"], "extractor.scan_unroll"),
+    (["loss.head_chunk=-1"], "loss.head_chunk"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as e:
@@ -145,6 +146,17 @@ def test_scan_unroll_reaches_the_model_config_on_both_paths():
                       "extractor.preset=smollm2-135m", "extractor.scan_unroll=2"])
     assert llm_runtime._load(llm.actor)[0].scan_unroll == 4
     assert llm_runtime._load(llm.extractor)[0].scan_unroll == 2
+
+
+def test_head_chunk_sets_both_llm_learners_vocabulary_head():
+    """`loss.head_chunk` reaches the LLM path's actor (PPO) and extractor (CISPO) loss options: rows per chunk of the
+    fused head; 0 turns the fused head off (the vocabulary-tiled path)."""
+    from crl_jax.backends.llm import runtime as llm_runtime
+
+    cases = (([], True, 1024), (["loss.head_chunk=256"], True, 256), (["loss.head_chunk=0"], False, 1024))
+    for over, fused, chunk in cases:
+        for lc in llm_runtime.loss_configs(load(None, over)):
+            assert (lc.fused_head, lc.head_chunk) == (fused, chunk), over
 
 
 def test_scan_unroll_auto_unrolls_every_layer_on_a_gpu_only():

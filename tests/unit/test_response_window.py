@@ -128,12 +128,16 @@ def test_llm_cispo_head_over_the_window_equals_the_full_sequence(jit):
     assert int((np.asarray(narrow) != 0).sum()) == 3 + 2 + 0 + 3  # rows 0 and 3 lose their last tokens
 
 
-def test_llm_actor_ppo_head_over_the_replies_equals_the_full_sequence():
+def test_llm_actor_ppo_head_over_the_replies_equals_the_full_sequence(monkeypatch):
     """`actor_ppo_loss` on whole conversations (replies scattered between observation tokens, rows with 3, 1 and 0
     replies) with `trained_width`: the vocabulary head runs over the reply tokens only; loss, metrics and
     gradients equal the full path's, with the KL term on too."""
+    from crl_jax.learner import loss_fns
     from crl_jax.learner.loss_fns import PPOLossConfig, actor_ppo_loss
 
+    chunks = []  # the head chunk each fused loss hands the head
+    fused_loss = loss_fns.token_loss
+    monkeypatch.setattr(loss_fns, "token_loss", lambda *a, **k: chunks.append(k["head_chunk"]) or fused_loss(*a, **k))
     T, V = 24, 300
     m = np.zeros((3, T), bool)
     m[0, 5:8] = m[0, 11:13] = m[0, 18:22] = True  # three replies: 3 + 2 + 4 tokens
@@ -160,10 +164,13 @@ def test_llm_actor_ppo_head_over_the_replies_equals_the_full_sequence():
                        ("token_mean", "sequence")):
         b = ab.replace(weight=jnp.array([0.5, 2.0, 1.0]))
         for width in (9, None):
-            fn = actor_ppo_loss(PPOLossConfig(kl_coef=0.05, aggregation=agg, ratio=ratio))
-            fused = jax.value_and_grad(loss, has_aux=True)(params, b.replace(trained_width=width))
             fn = actor_ppo_loss(PPOLossConfig(kl_coef=0.05, aggregation=agg, ratio=ratio, fused_head=False))
-            _assert_trees_close(fused, jax.value_and_grad(loss, has_aux=True)(params, b.replace(trained_width=width)))
+            general = jax.value_and_grad(loss, has_aux=True)(params, b.replace(trained_width=width))
+            for chunk in (1024, 4):  # one head chunk; several (with "sequence": one row each)
+                fn = actor_ppo_loss(PPOLossConfig(kl_coef=0.05, aggregation=agg, ratio=ratio, head_chunk=chunk))
+                _assert_trees_close(jax.value_and_grad(loss, has_aux=True)(params, b.replace(trained_width=width)),
+                                    general)
+    assert chunks[-16:] == [1024, 4] * 8
     lp = ts.compact_token_logprobs(gd, params, toks, mask, 9)[0]
     assert int((np.asarray(lp) != 0).sum()) == 13  # 9 + 4: every reply token scored, nothing else
     assert int((np.asarray(ts.compact_token_logprobs(gd, params, toks, mask, 4)[0]) != 0).sum()) == 4 + 4

@@ -113,6 +113,15 @@ def _load(m):
     return mcfg.replace(**m.forward_options(mcfg.num_layers)), host, tok
 
 
+def loss_configs(cfg: Config) -> tuple[loss_fns.PPOLossConfig, loss_fns.CISPOLossConfig]:
+    """The actor's PPO and the extractor's CISPO loss options of a run config; `loss.head_chunk` sets both
+    learners' vocabulary head (0: the vocabulary-tiled path, no fused head)."""
+    lc, ec = cfg.loss, cfg.extraction
+    head = dict(fused_head=lc.head_chunk > 0, head_chunk=lc.head_chunk or loss_fns.PPOLossConfig.head_chunk)
+    return (loss_fns.PPOLossConfig(clip_eps=lc.clip_eps, ratio=lc.ratio, aggregation=lc.aggregation, **head),
+            loss_fns.CISPOLossConfig(eps_low=ec.eps_low, eps_high=ec.eps_high, **head))
+
+
 def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=None) -> Runtime:
     """The LLM path's Runtime of a normalised config (`crl_jax.loop.runtime.build` normalises and caches).
     `tokenizer` / `*_config`: test hooks (random-init models of the given shapes with this tokenizer)."""
@@ -153,12 +162,9 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
             raise ConfigError(f"{name}: sequences of {plen} tokens exceed the model's {mc.max_position_embeddings}")
         if mc.vocab_size < tok.vocab_size:
             raise ConfigError(f"{name}: model vocabulary {mc.vocab_size} < tokenizer's {tok.vocab_size}")
-    lc, ec = cfg.loss, cfg.extraction
-    co_update = ts.make_co_update(
-        loss_fns.actor_ppo_loss(loss_fns.PPOLossConfig(clip_eps=lc.clip_eps, ratio=lc.ratio,
-                                                       aggregation=lc.aggregation)),
-        loss_fns.extractor_cispo_loss(loss_fns.CISPOLossConfig(eps_low=ec.eps_low, eps_high=ec.eps_high)),
-        microbatches=lc.microbatches, donate=False)
+    actor_loss, extractor_loss = loss_configs(cfg)
+    co_update = ts.make_co_update(loss_fns.actor_ppo_loss(actor_loss), loss_fns.extractor_cispo_loss(extractor_loss),
+                                  microbatches=cfg.loss.microbatches, donate=False)
     parts = LLMParts(actor_pieces=apieces, distill_pieces=dpieces,
                      answer_parser=make_reply_parser(env, tok, apieces.prefill),
                      actor_stop_tokens=reply_stop_tokens(tok, apieces.prefill), actor_weights=a_host,
