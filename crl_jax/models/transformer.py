@@ -40,7 +40,7 @@ import numpy as np
 from flax import nnx
 
 from crl_jax.models.attention import attend_live, dense_attention
-from crl_jax.models.layers import apply_rope, rms_norm, rope_inv_freq, swiglu  # noqa: F401  (re-exported)
+from crl_jax.models.layers import apply_rope, dense, rms_norm, rope_inv_freq, swiglu  # noqa: F401  (re-exported)
 from crl_jax.models.transformer_config import (  # noqa: F401  (re-exported)
     TransformerConfig, as_dtype, checkpoint_policy, remat_block, remat_mlp, tiny_config)
 
@@ -107,8 +107,8 @@ class Transformer(nnx.Module):
         # transposed [H, V] matrix on every decode step (2 MB at V 2,048, H 256); on the 2-core CPU that copy
         # cost nothing measurable (x0.98), but it is free to avoid.
         if self.cfg.tie_embeddings:
-            return jnp.einsum("bth,vh->btv", h, self.embed[...], preferred_element_type=jnp.float32)
-        return jnp.einsum("bth,hv->btv", h, self.lm_head[...], preferred_element_type=jnp.float32)
+            return dense(h, self.embed[...], "fk", preferred_element_type=jnp.float32)
+        return dense(h, self.lm_head[...], preferred_element_type=jnp.float32)
 
     # -- forward -------------------------------------------------------------------------------
 
@@ -275,7 +275,7 @@ class Transformer(nnx.Module):
         if query_at is not None:
             q = jnp.take_along_axis(q, query_at[:, :, None, None], axis=1)  # [B, W, Nq, D]
             h = jnp.take_along_axis(h, query_at[:, :, None], axis=1)  # [B, W, H]
-        h = h + jnp.einsum("btf,fh->bth", self._attend(q, k, v, mask, causal), lp["wo"]).astype(h.dtype)
+        h = h + dense(self._attend(q, k, v, mask, causal), lp["wo"]).astype(h.dtype)
         return h + remat_mlp(self._mlp, self.cfg)(h, lp), new_kv
 
     def _cached_layer(self, h, lp, layer, positions, inv_freq, attn_factor, valid, kc, vc, cache_index, block):
@@ -291,7 +291,7 @@ class Transformer(nnx.Module):
         kc = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), at)
         vc = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), at)
         o = attend_live(q, kc, vc, layer, valid, cache_index, self.cfg.num_kv_heads, block)
-        h = h + jnp.einsum("btf,fh->bth", o, lp["wo"]).astype(h.dtype)
+        h = h + dense(o, lp["wo"]).astype(h.dtype)
         return h + self._mlp(h, lp), kc, vc
 
     def _mlp(self, h, lp):
@@ -301,10 +301,11 @@ class Transformer(nnx.Module):
         x = rms_norm(h, lp["mlp_norm"], self.cfg.rms_norm_eps)
         if "w_gate_up" in lp:
             w = lp["w_gate_up"]
-            act = swiglu(jnp.einsum("bth,hki->btki", x, w.reshape(w.shape[0], 2, -1)))
+            gu = dense(x, w.reshape(w.shape[0], -1))
+            act = swiglu(gu.reshape(gu.shape[:-1] + (2, -1)))
         else:
-            act = jax.nn.silu(jnp.einsum("bth,hi->bti", x, lp["w_gate"])) * jnp.einsum("bth,hi->bti", x, lp["w_up"])
-        return jnp.einsum("bti,ih->bth", act, lp["w_down"]).astype(h.dtype)
+            act = jax.nn.silu(dense(x, lp["w_gate"])) * dense(x, lp["w_up"])
+        return dense(act, lp["w_down"]).astype(h.dtype)
 
     def _qkv(self, x, lp, positions, inv_freq, attn_factor):
         cfg = self.cfg
@@ -312,12 +313,10 @@ class Transformer(nnx.Module):
         D = cfg.dim_head
         if "wqkv" in lp:
             nq, nkv = cfg.num_heads * D, cfg.num_kv_heads * D
-            y = jnp.einsum("bth,hf->btf", x, lp["wqkv"])
+            y = dense(x, lp["wqkv"])
             q, k, v = jnp.split(y + lp["bqkv"] if cfg.attention_bias else y, [nq, nq + nkv], axis=-1)
         else:
-            q = jnp.einsum("bth,hf->btf", x, lp["wq"])
-            k = jnp.einsum("bth,hf->btf", x, lp["wk"])
-            v = jnp.einsum("bth,hf->btf", x, lp["wv"])
+            q, k, v = dense(x, lp["wq"]), dense(x, lp["wk"]), dense(x, lp["wv"])
             if cfg.attention_bias:
                 q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
         q = q.reshape(B, T, cfg.num_heads, D)
