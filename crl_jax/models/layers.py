@@ -1,5 +1,6 @@
 """The transformer's stateless pieces: rotary position embeddings (HF's rope variants: default, linear, llama3,
-yarn), RMSNorm, the SwiGLU product and `dense`, the projections' matmul. Used by `crl_jax.models.transformer` (which re-exports them).
+yarn), RMSNorm, the SwiGLU product and `dense`, the projections' matmul. Used by `crl_jax.models.transformer`
+(which re-exports them).
 """
 
 from __future__ import annotations
@@ -72,14 +73,17 @@ def apply_rope(x, positions, inv_freq, attn_factor=1.0):
 
 
 def dense(x, w, w_axes: str = "kf", preferred_element_type=None):
-    """x [..., K] times w [K, F] (w_axes "kf"; "fk": w stored [F, K]) over x's last axis -> [..., F], as ONE 2-D
-    matmul over the flattened leading axes. Why not `einsum("btk,kf->btf")`: for the weight's gradient, which
+    """x [..., K] times w [K, *F] (w_axes "kf"; "fk": w stored [F, K]) over x's last axis -> [..., *F], as ONE
+    matmul over x's flattened leading axes. Why not `einsum("btk,kf->btf")`: for the weight's gradient, which
     contracts B and T, XLA:CPU then transposes the [B, T, F] cotangent in a loop fusion that also computes every
     elementwise op it absorbs (the SiLU's backward), at ~13 ns per element: the 3-D transpose is not vectorised.
     From the 2-D product it takes the transposed operand as it is. The tiny actor's MLP gradient over 320 x 19
-    rows: 20.7 -> 5.7 ms, the same bits (experiments/bench/RESULTS.md, session 23)."""
-    y = jnp.einsum(f"nk,{w_axes}->nf", x.reshape(-1, x.shape[-1]), w, preferred_element_type=preferred_element_type)
-    return y.reshape(x.shape[:-1] + y.shape[-1:])
+    rows: 20.7 -> 5.7 ms, the same bits (experiments/bench/RESULTS.md, session 23). w's own axes stay apart (the
+    packed gate / up [K, 2, I]): merged into [K, 2I] they cost a tensor-sharded I its sharding on a mesh."""
+    f = "abcdefgh"[: w.ndim - 1]
+    ws = f"k{f}" if w_axes == "kf" else f"{f}k"
+    y = jnp.einsum(f"nk,{ws}->n{f}", x.reshape(-1, x.shape[-1]), w, preferred_element_type=preferred_element_type)
+    return y.reshape(x.shape[:-1] + y.shape[1:])
 
 
 def rms_norm(x, w, eps):
