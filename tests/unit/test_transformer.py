@@ -340,6 +340,28 @@ def test_swiglu_literal_values_and_gradient(jit):
     np.testing.assert_allclose(d, np.reshape(want, (1, 2, 2)), rtol=1e-6)
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_dense_is_the_einsum_over_the_flattened_rows(jit):
+    """`layers.dense`: x [..., K] times w [K, *F] (or w [F, K] with "fk") as one matmul over x's flattened rows,
+    equal to the einsum over x's own axes, gradients too; w's own axes come back as they are (the packed
+    gate / up [K, 2, I]); a literal 1-row case."""
+    f = jax.jit(LY.dense, static_argnums=2) if jit else LY.dense
+    np.testing.assert_allclose(f(jnp.array([[[1.0, 2.0]]]), jnp.array([[1.0, 0.0, 3.0], [0.5, 2.0, -1.0]]), "kf"),
+                               [[[2.0, 4.0, 1.0]]])
+    k = jax.random.split(jax.random.key(7), 3)
+    x = jax.random.normal(k[0], (3, 5, 8))
+    for w, spec, axes in ((jax.random.normal(k[1], (8, 6)), "btk,kf->btf", "kf"),
+                          (jax.random.normal(k[1], (6, 8)), "btk,fk->btf", "fk"),
+                          (jax.random.normal(k[2], (8, 2, 4)), "btk,kai->btai", "kf")):
+        got, ref = f(x, w, axes), jnp.einsum(spec, x, w)
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+        g = jax.grad(lambda x, w: (f(x, w, axes) ** 2).sum(), argnums=(0, 1))(x, w)
+        r = jax.grad(lambda x, w: (jnp.einsum(spec, x, w) ** 2).sum(), argnums=(0, 1))(x, w)
+        for a, b in zip(g, r):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_swiglu_gradient_equals_autodiff_in_float32_and_bfloat16():
     k = jax.random.split(jax.random.key(5), 2)
     gu = 3.0 * jax.random.normal(k[0], (2, 5, 2, 24))  # both tails of the sigmoid
