@@ -171,9 +171,9 @@ class LossConfig:
     #                           policy (measured before the step) exceeds it (tiny path; 0 = off)
     head_chunk: int = 1024  # LLM path: rows per chunk of the learners' vocabulary head, which takes the loss's
     #                         gradient in its forward pass (`train_state.token_loss`). It holds a [head_chunk, V]
-    #                         float32 chunk and the [H, V] float32 gradient, against the [rows, V] logits and their
-    #                         gradient of the plain path: fewer rows, less memory, more passes over the gradient
-    #                         (experiments/bench/logprob_memory.py --head-chunk). 0 = the plain, vocabulary-tiled
+    #                         float32 chunk and the [H, V] float32 gradient (full logits: [rows, V] and their
+    #                         gradient): fewer rows, less memory, more passes over the gradient
+    #                         (experiments/bench/logprob_memory.py --head-chunk). 0 = the general, vocabulary-tiled
     #                         path (`fused_head=False`)
 
 
