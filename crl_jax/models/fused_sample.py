@@ -42,7 +42,7 @@ KERNELS = ("xla", "pallas", "pallas_interpret")  # `SamplerConfig.decode_kernel`
 def wanted(kernel: str, cfg, batch: int) -> bool:
     """Whether a sampler with `decode_kernel` = kernel runs its decode steps in the kernels: batch 1 only
     (larger batches keep XLA's path); a model the kernels cannot take is an error, as is "pallas" off a
-    CUDA GPU."""
+    CUDA GPU or on a jax without Pallas' Triton backend."""
     if kernel == "xla" or batch != 1:
         return False
     why = fd.unsupported(cfg, batch)
@@ -50,9 +50,9 @@ def wanted(kernel: str, cfg, batch: int) -> bool:
         raise ValueError(f"decode_kernel={kernel!r}: {why}; use decode_kernel='xla'")
     if kernel == "pallas":
         fd.triton_compiler_params()  # a clear error where this jax has no Triton backend
-    if kernel == "pallas" and jax.default_backend() != "gpu":
-        raise ValueError(f"decode_kernel='pallas' compiles Triton kernels for a CUDA GPU (the default backend is "
-                         f"{jax.default_backend()!r}); use 'pallas_interpret' (slow) or 'xla'")
+        if jax.default_backend() != "gpu":
+            raise ValueError(f"decode_kernel='pallas' compiles Triton kernels for a CUDA GPU (the default backend "
+                             f"is {jax.default_backend()!r}); use 'pallas_interpret' (slow) or 'xla'")
     return True
 
 
