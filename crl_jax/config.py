@@ -50,7 +50,8 @@ class ModelConfig:
     #                               the tiny path's default losses score through `hidden_at`, which keeps them
     #                               apart), with a one-pass backward (TransformerConfig.pack_mlp); on every mesh
     #                               (it all-reduces no more bytes than two matmuls: bench/mesh_collectives.py);
-    #                               None (configs of session 20: "follow the mesh") = on
+    #                               None (configs of session 20: "follow the mesh") = on. On the CPU with
+    #                               mesh.tensor 1 its weight is one [H, 2I] matrix (TransformerConfig.merge_gate_up)
     lr: float = 1e-3  # AdamW learning rate (constant); paper uses 1e-6 for 7B/4B LLMs (tiny actor: GRPO tuned
     #                   on seeds 100-103, never on the reported seeds: 3e-3 moved the policy by approx KL 0.3-2
     #                   per update and oscillated, experiments/RESULTS.md)
@@ -59,16 +60,19 @@ class ModelConfig:
     temperature: float = 1.0  # sampling temperature during training rollouts
     init_seed: int = 0  # offset of the parameter-init key (fold-in of the run key)
 
-    def forward_options(self, num_layers: int, backend: str | None = None) -> dict:
+    def forward_options(self, num_layers: int, backend: str | None = None, tensor: int = 1) -> dict:
         """The TransformerConfig fields these options set on either path: `scan_unroll` (0 = every layer; -1 = every
-        layer on `backend` "gpu", default jax's, else 1) and `pack_mlp` (None: on)."""
+        layer on `backend` "gpu", default jax's, else 1), `pack_mlp` (None: on) and `merge_gate_up` (on the CPU
+        when `tensor`, the run's `mesh.tensor`, is 1: no axis shards the MLP's width)."""
+        if backend is None:
+            import jax  # the config module stays importable without initialising a backend
+            backend = jax.default_backend()
         unroll = self.scan_unroll
         if unroll < 0:
-            if backend is None:
-                import jax  # the config module stays importable without initialising a backend
-                backend = jax.default_backend()
             unroll = 0 if backend == "gpu" else 1
-        return dict(scan_unroll=unroll or num_layers, pack_mlp=self.pack_mlp is not False)
+        pack = self.pack_mlp is not False
+        return dict(scan_unroll=unroll or num_layers, pack_mlp=pack,
+                    merge_gate_up=pack and backend == "cpu" and tensor == 1)
 
 
 @dataclass(frozen=True)

@@ -189,13 +189,14 @@ def normalise(cfg: Config) -> Config:
     """The config a Runtime is built from and cached by: the fields that do not shape the compiled program
     set to fixed values. Seeds enter through the run key, run lengths as traced arguments, the method and
     its ablation switches as the traced `LoopState.flags`; host-only fields and the mesh (placement:
-    `crl_jax.infra.sharding`) are the run driver's. So all of them share one Runtime and one program.
+    `crl_jax.infra.sharding`) are the run driver's. So all of them share one Runtime and one program. Kept of the
+    mesh: `mesh.tensor`, since a tensor axis turns the models' `merge_gate_up` off (`ModelConfig.forward_options`).
     `extraction.merge` is kept: it sets the sample buffer's widths (merge prompts are ~4x a distillation's, and
     with merge off the extractor trains on rows as wide as its distillation samples, `Backend.buffer_dims`)."""
     return dataclasses.replace(cfg, seed=0, steps=0, checkpoint_every=1, keep_checkpoints=1, method="crl",
                                loss=dataclasses.replace(cfg.loss, group_split=True, advantage="split"),
                                bank=dataclasses.replace(cfg.bank, offline_path=""),
-                               distributed=DistributedConfig(), mesh=MeshConfig())
+                               distributed=DistributedConfig(), mesh=MeshConfig(tensor=cfg.mesh.tensor))
 
 
 def builtin_envs(cfg: Config) -> tuple[Env, Env]:

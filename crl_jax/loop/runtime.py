@@ -46,13 +46,13 @@ def is_host(rt) -> bool:
     return bool(getattr(rt.env, "is_host", False))
 
 
-def _model_config(m, vocab_size) -> tr.TransformerConfig:
+def _model_config(m, vocab_size, tensor: int = 1) -> tr.TransformerConfig:
     if m.preset != "tiny":
         raise ConfigError(f"preset {m.preset!r}: the built-in loop supports preset=tiny; pretrained presets "
                           "run through crl_jax.backends.llm (see experiments/configs/smollm2_room.yaml)")
     return tr.tiny_config(vocab_size, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                           num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size, param_dtype=m.dtype,
-                          **m.forward_options(m.num_layers))
+                          **m.forward_options(m.num_layers, tensor=tensor))
 
 
 def task_text(env, index: int, pool: str, with_id: bool, compact: bool = False) -> str:
@@ -132,8 +132,8 @@ def _build(cfg: Config) -> Runtime:
     distill = DistillTokens(*(_one(tok, text[k]) for k in ("header", "trajectory", "retrieved", "answer")),
                             outcome=pad_rows([tok.encode(text["failure"]), tok.encode(text["success"])]))
     merge_pieces = MergePieces(*(_one(tok, text["merge_" + k]) for k in MergePieces._fields))
-    acfg = _model_config(cfg.actor, tok.vocab_size)
-    ecfg = _model_config(cfg.extractor, tok.vocab_size)
+    acfg = _model_config(cfg.actor, tok.vocab_size, cfg.mesh.tensor)
+    ecfg = _model_config(cfg.extractor, tok.vocab_size, cfg.mesh.tensor)
     if cfg.extraction.max_new_tokens - 1 > cfg.bank.entry_len:
         raise ConfigError("extraction.max_new_tokens: entries (max_new_tokens - 1 tokens) must fit "
                           f"bank.entry_len={cfg.bank.entry_len}")

@@ -297,11 +297,14 @@ class Transformer(nnx.Module):
     def _mlp(self, h, lp):
         """With packed gate / up weights ("w_gate_up": [H, 2I] from `layer_list(fused=True)`, [H, 2, I] in the
         uncached forward; the same memory layout) one matmul, whose packed product `swiglu` differentiates in one
-        pass."""
+        pass; over [H, 2I] with `merge_gate_up` (the CPU's faster gradient)."""
         x = rms_norm(h, lp["mlp_norm"], self.cfg.rms_norm_eps)
         if "w_gate_up" in lp:
             w = lp["w_gate_up"]
-            act = swiglu(dense(x, w.reshape(w.shape[0], 2, -1)))
+            if self.cfg.merge_gate_up:
+                act = swiglu(dense(x, w.reshape(w.shape[0], -1)).reshape(x.shape[:-1] + (2, -1)))
+            else:
+                act = swiglu(dense(x, w.reshape(w.shape[0], 2, -1)))
         else:
             act = jax.nn.silu(dense(x, lp["w_gate"])) * dense(x, lp["w_up"])
         return dense(act, lp["w_down"]).astype(h.dtype)

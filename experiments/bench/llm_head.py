@@ -69,7 +69,8 @@ def measure(loss: str, cfg, a) -> dict:
     variants = {"full": (vg, full), "compact": (vg, compact), "compact_general": (vg_general, compact)}
     row = dict(loss=loss, ratio=a.ratio if loss == "actor" else "token", batch=a.batch,
                seq=int(full.tokens.shape[1]), trained=int(full.loss_mask[0].sum()),
-               dtype=a.dtype, scan_unroll=cfg.scan_unroll, device=str(jax.devices()[0].device_kind))
+               dtype=a.dtype, scan_unroll=cfg.scan_unroll, merge_gate_up=cfg.merge_gate_up,
+               device=str(jax.devices()[0].device_kind))
     for k, (f, b) in variants.items():
         row[f"{k}_temp_mib"] = f.lower(params, b).compile().memory_analysis().temp_size_in_bytes / 2**20
     vals = {k: float(jax.block_until_ready(f(params, b))[0]) for k, (f, b) in variants.items()}  # compile + warm
@@ -100,6 +101,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--scan-unroll", type=int, default=1, help="TransformerConfig.scan_unroll (0 = every layer)")
+    p.add_argument("--merge-gate-up", type=int, default=-1,
+                   help="TransformerConfig.merge_gate_up (1 / 0); -1: what a run picks (on on the CPU, no tensor axis)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -110,7 +113,8 @@ def main(argv=None) -> list[dict]:
         from crl_jax.models.presets import preset_config
 
         cfg = preset_config("smollm2-135m", param_dtype=a.dtype)
-    cfg = cfg.replace(scan_unroll=a.scan_unroll or cfg.num_layers)
+    merge = jax.default_backend() == "cpu" if a.merge_gate_up < 0 else bool(a.merge_gate_up)
+    cfg = cfg.replace(scan_unroll=a.scan_unroll or cfg.num_layers, merge_gate_up=merge)
     rows = [measure(loss, cfg, a) for loss in a.loss.split(",")]
     if a.json:
         with open(a.json, "w") as f:

@@ -44,9 +44,11 @@ _OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-
 
 
 def collectives(mesh_cfg: MeshConfig, pack: bool, hidden: int, seq: int, batch: int):
-    """-> (`collective_ops` of the compiled gradient program, (loss, gradients) it computes, on the host)."""
+    """-> (`collective_ops` of the compiled gradient program, (loss, gradients) it computes, on the host). Packed, the
+    weight is merged into [H, 2I] where a run on the CPU merges it (`ModelConfig.forward_options`: no tensor axis)."""
     cfg = tr.tiny_config(256, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=2, num_heads=4,
-                         num_kv_heads=2, max_position_embeddings=max(seq, 64), pack_mlp=pack)
+                         num_kv_heads=2, max_position_embeddings=max(seq, 64), pack_mlp=pack,
+                         merge_gate_up=pack and mesh_cfg.tensor == 1)
     mesh = sharding.make_mesh(mesh_cfg)
     gd, params = tr.split(tr.create(cfg, jax.random.key(0)))
     params = jax.device_put(params, jax.tree.map(lambda s: NamedSharding(mesh, s),
@@ -102,7 +104,7 @@ def main(argv=None) -> list[dict]:
         (packed, out_p), (two, out_t) = (collectives(mc, pack, a.hidden, a.seq, a.batch) for pack in (True, False))
         bufs = [Counter(s for kind, shapes in ops if kind == "all-reduce" for s in shapes) for ops in (packed, two)]
         grads = zip(jax.tree.leaves(out_p[1]), jax.tree.leaves(out_t[1]))
-        rows.append(dict(mesh=spec, packed=totals(packed), two_matmuls=totals(two),
+        rows.append(dict(mesh=spec, merged=t == 1, packed=totals(packed), two_matmuls=totals(two),
                          loss_diff=abs(float(out_p[0]) - float(out_t[0])),
                          grad_max_rel_diff=max(float(np.abs(g - h).max() / max(np.abs(h).max(), 1e-30))
                                                for g, h in grads),

@@ -159,6 +159,27 @@ def test_head_chunk_sets_both_llm_learners_vocabulary_head():
             assert (lc.fused_head, lc.head_chunk) == (fused, chunk), over
 
 
+def test_the_packed_weight_is_merged_on_the_cpu_without_a_tensor_axis():
+    """`merge_gate_up` (the packed gate / up matmul over [H, 2I]: faster gradients on XLA:CPU) is on only on the CPU
+    with `mesh.tensor` 1, where no mesh axis shards the MLP's width (a merged axis would lose that sharding), and
+    only when gate / up are packed; both paths' runtimes pass the run's mesh.tensor."""
+    from crl_jax.backends.llm import runtime as llm_runtime
+    from crl_jax.loop import runtime as loop_runtime
+
+    m = load(None, []).actor
+    assert m.forward_options(2, backend="cpu")["merge_gate_up"]
+    for kw in (dict(backend="gpu"), dict(backend="tpu"), dict(backend="cpu", tensor=2), dict(backend="cpu", tensor=-1)):
+        assert not m.forward_options(2, **kw)["merge_gate_up"], kw
+    assert not dataclasses.replace(m, pack_mlp=False).forward_options(2, backend="cpu")["merge_gate_up"]
+    cpu = jax.default_backend() == "cpu"
+    for overrides, want in (([], cpu), (["mesh.fsdp=-1"], cpu), (["mesh.tensor=-1"], False)):
+        rt = loop_runtime.build(load(None, overrides))
+        assert rt.actor_config.merge_gate_up == rt.extractor_config.merge_gate_up == want, overrides
+    llm = load(None, ["actor.preset=smollm2-135m", "actor.truncate_layers=2", "mesh.tensor=-1"])
+    assert not llm_runtime._load(llm.actor, llm.mesh.tensor)[0].merge_gate_up
+    assert llm_runtime._load(llm.actor)[0].merge_gate_up == cpu
+
+
 def test_scan_unroll_auto_unrolls_every_layer_on_a_gpu_only():
     """-1 (the default): every layer on a GPU, where the rolled scan copies every saved activation into [L, ...]
     stacks (bench/RESULTS.md, session 21), a rolled scan on the CPU and TPU; explicit values pass through."""

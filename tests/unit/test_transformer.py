@@ -378,18 +378,21 @@ def test_swiglu_gradient_equals_autodiff_in_float32_and_bfloat16():
 def test_packed_gate_up_gives_the_same_loss_and_gradients_with_fewer_matmuls():
     """`pack_mlp` (the default): the uncached forward's gate / up as one [L, H, 2, I] matmul under `swiglu`'s
     backward; off, as two. Same loss and gradients (w_gate's and w_up's too), 3 dot_generals fewer per layer in
-    the gradient's program (gate / up forward, their input gradient, their weight gradient)."""
+    the gradient's program (gate / up forward, their input gradient, their weight gradient). `merge_gate_up` (the
+    packed weight's matmul over [H, 2I], the CPU's default without a tensor axis): the same, with as many matmuls."""
     cfg = tr.tiny_config(64, num_layers=2, hidden_size=32, intermediate_size=48)
     toks = jax.random.randint(jax.random.key(3), (2, 12), 0, 64)
     out = {}
-    for pack in (True, False):
-        gd, params = tr.split(tr.create(cfg.replace(pack_mlp=pack), jax.random.key(0)))
+    for name, kw in (("packed", dict(pack_mlp=True)), ("merged", dict(pack_mlp=True, merge_gate_up=True)),
+                     ("apart", dict(pack_mlp=False))):
+        gd, params = tr.split(tr.create(cfg.replace(**kw), jax.random.key(0)))
 
         loss = _next_token_loss(gd, toks)
         g = jax.jit(jax.value_and_grad(loss))
-        out[pack] = g(params), g.lower(params).as_text().count("stablehlo.dot_general")
-    (lp, gp), dots_p = out[True]
-    (lu, gu), dots_u = out[False]
-    np.testing.assert_allclose(lp, lu, rtol=1e-6)
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), gp, gu)
-    assert dots_u - dots_p == 3, (dots_p, dots_u)
+        out[name] = g(params), g.lower(params).as_text().count("stablehlo.dot_general")
+    (lu, gu), dots_u = out["apart"]
+    for name in ("packed", "merged"):
+        (lp, gp), dots_p = out[name]
+        np.testing.assert_allclose(lp, lu, rtol=1e-6)
+        jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), gp, gu)
+        assert dots_u - dots_p == 3, (name, dots_p, dots_u)

@@ -103,14 +103,14 @@ def truncate_layers(mcfg, host, n: int):
     return mcfg.replace(num_layers=n), (None if host is None else jax.tree_util.tree_map_with_path(cut, host))
 
 
-def _load(m):
+def _load(m, tensor: int = 1):
     spec = _weights_spec(m)
     if not spec:
         mcfg, host, tok = model_config(m), None, None
     else:
         mcfg, host, tok = load_checkpoint(spec, m.dtype)
     mcfg, host = truncate_layers(mcfg, host, m.truncate_layers)
-    return mcfg.replace(**m.forward_options(mcfg.num_layers)), host, tok
+    return mcfg.replace(**m.forward_options(mcfg.num_layers, tensor=tensor)), host, tok
 
 
 def loss_configs(cfg: Config) -> tuple[loss_fns.PPOLossConfig, loss_fns.CISPOLossConfig]:
@@ -129,8 +129,8 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
     if tokenizer is not None:
         acfg, a_host, ecfg, e_host, tok, etok = actor_config, None, extractor_config, None, tokenizer, None
     else:
-        acfg, a_host, tok = _load(cfg.actor)
-        ecfg, e_host, etok = _load(cfg.extractor)
+        acfg, a_host, tok = _load(cfg.actor, cfg.mesh.tensor)
+        ecfg, e_host, etok = _load(cfg.extractor, cfg.mesh.tensor)
         tok = tok or etok
     if tok is None:
         raise ConfigError("actor.weights / extractor.weights: the LLM path needs a checkpoint with a tokenizer "
