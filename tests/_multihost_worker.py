@@ -37,12 +37,15 @@ def main():
     sys.path.insert(0, os.path.dirname(__file__))
     from _sharding_common import STEPS, micro_cfg
 
-    cfg = micro_cfg()
+    import dataclasses
+
+    mesh = MeshConfig(data=2, fsdp=2, tensor=2)
+    cfg = dataclasses.replace(micro_cfg(), mesh=mesh)
     rt = build(cfg)
     from crl_jax import loop
 
     abstract = jax.eval_shape(lambda k: loop.init_state(rt, k, cfg), jax.random.key(cfg.seed))
-    placement = sharding.state_shardings(abstract, MeshConfig(data=2, fsdp=2, tensor=2),
+    placement = sharding.state_shardings(abstract, mesh,
                                          actor_cfg=rt.actor_config, extractor_cfg=rt.extractor_config)
     state = sharding.init_sharded(rt, jax.random.key(cfg.seed), cfg, placement)
     assert not state.actor.params["wq"][...].is_fully_addressable  # spans both processes

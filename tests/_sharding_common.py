@@ -1,6 +1,7 @@
 """Shared runs for the sharding tests (module-level caches: each compiled program is built once per
 pytest process). The micro config of test_loop (_micro.MICRO), 2 steps (one of them with evaluation)."""
 
+import dataclasses
 import functools
 
 import jax
@@ -35,9 +36,9 @@ def one_device():
 @functools.cache
 def on_mesh(data, fsdp, tensor, extractor_devices=0.0, bank="replicated"):
     """(placement, state, metrics) of the sharded chunk on an 8-device mesh."""
-    cfg = micro_cfg()
-    rt = build(cfg)  # the mesh is not part of the program's Runtime here: one Runtime for every mesh
     mcfg = MeshConfig(data=data, fsdp=fsdp, tensor=tensor, extractor_devices=extractor_devices, bank=bank)
+    cfg = dataclasses.replace(micro_cfg(), mesh=mcfg)
+    rt = build(cfg)  # as the run driver builds it: of the mesh, the Runtime keeps mesh.tensor (merge_gate_up)
     state = loop.init_state(rt, jax.random.key(cfg.seed), cfg)
     placement = sharding.state_shardings(state, mcfg, actor_cfg=rt.actor_config, extractor_cfg=rt.extractor_config)
     state = sharding.shard_state(state, placement)
