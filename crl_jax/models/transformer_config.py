@@ -85,8 +85,8 @@ class TransformerConfig:
     #                        (bench/mesh_collectives.py)
     merge_gate_up: bool = False  # the packed matmul over its weight viewed as [H, 2I] (one output axis), not
     #                              [H, 2, I]: XLA:CPU then keeps `swiglu`'s backward out of the transpose that feeds
-    #                              the weight's gradient (SmolLM2-shape extractor update on a 2-core CPU 5.27 ->
-    #                              4.24 s, bench/RESULTS.md session 24). Off on a mesh with a 'tensor' axis: a
+    #                              the weight's gradient (SmolLM2-shape extractor update on a 2-core CPU 5.24 ->
+    #                              4.02-4.15 s, bench/RESULTS.md session 24). Off on a mesh with a 'tensor' axis: a
     #                              merged axis cannot keep I's tensor sharding (it all-reduces the whole product)
     family: str = "llama"  # informational: llama | qwen2 | qwen3 | tiny
     attn_impl: str = "auto"  # uncached attention: "einsum" (float32 softmax, any backend) | "xla" | "cudnn"

@@ -102,7 +102,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--scan-unroll", type=int, default=1, help="TransformerConfig.scan_unroll (0 = every layer)")
     p.add_argument("--merge-gate-up", type=int, default=-1,
-                   help="TransformerConfig.merge_gate_up (1 / 0); -1: what a run picks (on on the CPU, no tensor axis)")
+                   help="TransformerConfig.merge_gate_up (1 / 0); -1: as a run without a tensor axis (1 on the CPU)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
