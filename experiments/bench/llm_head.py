@@ -3,6 +3,7 @@
     python experiments/bench/llm_head.py                 # SmolLM2-135M shape, B 2, extractor P 256 + R 128
     python experiments/bench/llm_head.py --loss actor --prompt-len 896 --turns 8 --reply-len 16
     python experiments/bench/llm_head.py --loss actor --ratio sequence   # GSPO: the head's chunks hold whole rows
+    python experiments/bench/llm_head.py --lora-rank 8   # rank-8 adapters over a frozen base (`lora.train`)
     python experiments/bench/llm_head.py --smoke         # micro model, both losses (CI keeps it running)
 
 - extractor: a row is a prompt (the trajectory to distil) then a response of R tokens
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 
 from crl_jax.learner import train_state as ts
 from crl_jax.learner.loss_fns import CISPOLossConfig, PPOLossConfig, actor_ppo_loss, extractor_cispo_loss
-from crl_jax.models import transformer as tr
+from crl_jax.models import lora, transformer as tr
 
 
 def batches(loss: str, B: int, P: int, R: int, turns: int, vocab: int):
@@ -53,14 +54,19 @@ def batches(loss: str, B: int, P: int, R: int, turns: int, vocab: int):
 
 def measure(loss: str, cfg, a) -> dict:
     gd, params = tr.split(tr.create(cfg, jax.random.key(0)))
+    # the differentiated argument and the fixed one: the parameters (full fine-tuning), or the adapters over a
+    # frozen base (`--lora-rank`, the LLM path's default: `lora.train`)
+    r = a.lora_rank
+    train, fixed = (params, None) if not r else (lora.init(params, jax.random.key(2), rank=r), params)
+    s = lora.scale(r or 1, 2.0 * (r or 1))  # alpha = 2 r: LoRAConfig's 16 / 8
     full, compact = batches(loss, a.batch, a.prompt_len, a.reply_len, a.turns, cfg.vocab_size)
 
     def value_and_grad(fused: bool):
         fn = (extractor_cispo_loss(CISPOLossConfig(fused_head=fused)) if loss == "extractor"
               else actor_ppo_loss(PPOLossConfig(fused_head=fused, ratio=a.ratio)))
 
-        def value(pa, b):
-            num, (den, _) = fn(gd, pa, b)
+        def value(t, base, b):
+            num, (den, _) = fn(gd, t if base is None else lora.merge(base, t, s), b)
             return num / den
 
         return jax.jit(jax.value_and_grad(value))
@@ -69,17 +75,17 @@ def measure(loss: str, cfg, a) -> dict:
     variants = {"full": (vg, full), "compact": (vg, compact), "compact_general": (vg_general, compact)}
     row = dict(loss=loss, ratio=a.ratio if loss == "actor" else "token", batch=a.batch,
                seq=int(full.tokens.shape[1]), trained=int(full.loss_mask[0].sum()),
-               dtype=a.dtype, scan_unroll=cfg.scan_unroll, merge_gate_up=cfg.merge_gate_up,
+               dtype=a.dtype, scan_unroll=cfg.scan_unroll, merge_gate_up=cfg.merge_gate_up, lora_rank=a.lora_rank,
                device=str(jax.devices()[0].device_kind))
     for k, (f, b) in variants.items():
-        row[f"{k}_temp_mib"] = f.lower(params, b).compile().memory_analysis().temp_size_in_bytes / 2**20
-    vals = {k: float(jax.block_until_ready(f(params, b))[0]) for k, (f, b) in variants.items()}  # compile + warm
+        row[f"{k}_temp_mib"] = f.lower(train, fixed, b).compile().memory_analysis().temp_size_in_bytes / 2**20
+    vals = {k: float(jax.block_until_ready(f(train, fixed, b))[0]) for k, (f, b) in variants.items()}  # + warm
     row["loss_rel_diff"] = max(abs(vals[k] - vals["full"]) for k in vals) / max(abs(vals["full"]), 1e-12)
     times = {k: [] for k in variants}
     for _ in range(a.reps):
         for k, (f, b) in variants.items():
             t0 = time.perf_counter()
-            jax.block_until_ready(f(params, b))
+            jax.block_until_ready(f(train, fixed, b))
             times[k].append(time.perf_counter() - t0)
     r = sorted(f / c for f, c in zip(times["full"], times["compact"]))
     g = sorted(x / c for x, c in zip(times["compact_general"], times["compact"]))
@@ -103,6 +109,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--scan-unroll", type=int, default=1, help="TransformerConfig.scan_unroll (0 = every layer)")
     p.add_argument("--merge-gate-up", type=int, default=-1,
                    help="TransformerConfig.merge_gate_up (1 / 0); -1: as a run without a tensor axis (1 on the CPU)")
+    p.add_argument("--lora-rank", type=int, default=0, help="train rank-r adapters over a frozen base (0: full)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
