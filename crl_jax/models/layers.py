@@ -79,7 +79,8 @@ def dense(x, w, w_axes: str = "kf", preferred_element_type=None):
     elementwise op it absorbs (the SiLU's backward), at ~13 ns per element: the 3-D transpose is not vectorised.
     From the 2-D product it takes the transposed operand as it is. The tiny actor's MLP gradient over 320 x 19
     rows: 20.7 -> 5.7 ms, the same bits (experiments/bench/RESULTS.md, session 23). w's own axes stay apart (the
-    packed gate / up [K, 2, I]): merged into [K, 2I] they cost a tensor-sharded I its sharding on a mesh."""
+    packed gate / up [K, 2, I]): merged into [K, 2I] they cost a tensor-sharded I its sharding on a mesh, so only
+    the caller merges them, where no tensor axis exists (`TransformerConfig.merge_gate_up`)."""
     f = "abcdefgh"[: w.ndim - 1]
     ws = f"k{f}" if w_axes == "kf" else f"{f}k"
     y = jnp.einsum(f"nk,{ws}->n{f}", x.reshape(-1, x.shape[-1]), w, preferred_element_type=preferred_element_type)

@@ -301,10 +301,8 @@ class Transformer(nnx.Module):
         x = rms_norm(h, lp["mlp_norm"], self.cfg.rms_norm_eps)
         if "w_gate_up" in lp:
             w = lp["w_gate_up"]
-            if self.cfg.merge_gate_up:
-                act = swiglu(dense(x, w.reshape(w.shape[0], -1)).reshape(x.shape[:-1] + (2, -1)))
-            else:
-                act = swiglu(dense(x, w.reshape(w.shape[0], 2, -1)))
+            w = w.reshape((w.shape[0], -1) if self.cfg.merge_gate_up else (w.shape[0], 2, -1))
+            act = swiglu(dense(x, w).reshape(x.shape[:-1] + (2, -1)))
         else:
             act = jax.nn.silu(dense(x, lp["w_gate"])) * dense(x, lp["w_up"])
         return dense(act, lp["w_down"]).astype(h.dtype)

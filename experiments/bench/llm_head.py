@@ -30,6 +30,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from crl_jax.config import LoRAConfig, ModelConfig
 from crl_jax.learner import train_state as ts
 from crl_jax.learner.loss_fns import CISPOLossConfig, PPOLossConfig, actor_ppo_loss, extractor_cispo_loss
 from crl_jax.models import lora, transformer as tr
@@ -56,9 +57,9 @@ def measure(loss: str, cfg, a) -> dict:
     gd, params = tr.split(tr.create(cfg, jax.random.key(0)))
     # the differentiated argument and the fixed one: the parameters (full fine-tuning), or the adapters over a
     # frozen base (`--lora-rank`, the LLM path's default: `lora.train`)
-    r = a.lora_rank
-    train, fixed = (params, None) if not r else (lora.init(params, jax.random.key(2), rank=r), params)
-    s = lora.scale(r or 1, 2.0 * (r or 1))  # alpha = 2 r: LoRAConfig's 16 / 8
+    rank = a.lora_rank
+    train, fixed, s = (params, None, None) if not rank else (
+        lora.init(params, jax.random.key(2), rank=rank), params, lora.scale(rank, LoRAConfig.alpha))
     full, compact = batches(loss, a.batch, a.prompt_len, a.reply_len, a.turns, cfg.vocab_size)
 
     def value_and_grad(fused: bool):
@@ -120,7 +121,8 @@ def main(argv=None) -> list[dict]:
         from crl_jax.models.presets import preset_config
 
         cfg = preset_config("smollm2-135m", param_dtype=a.dtype)
-    merge = jax.default_backend() == "cpu" if a.merge_gate_up < 0 else bool(a.merge_gate_up)
+    merge = (ModelConfig().forward_options(cfg.num_layers)["merge_gate_up"] if a.merge_gate_up < 0
+             else bool(a.merge_gate_up))
     cfg = cfg.replace(scan_unroll=a.scan_unroll or cfg.num_layers, merge_gate_up=merge)
     rows = [measure(loss, cfg, a) for loss in a.loss.split(",")]
     if a.json:

@@ -33,7 +33,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from crl_jax.config import MeshConfig  # noqa: E402
+from crl_jax.config import MeshConfig, ModelConfig  # noqa: E402
 from crl_jax.infra import sharding  # noqa: E402
 from crl_jax.models import transformer as tr  # noqa: E402
 
@@ -48,7 +48,7 @@ def collectives(mesh_cfg: MeshConfig, pack: bool, hidden: int, seq: int, batch: 
     weight is merged into [H, 2I] where a run on the CPU merges it (`ModelConfig.forward_options`: no tensor axis)."""
     cfg = tr.tiny_config(256, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=2, num_heads=4,
                          num_kv_heads=2, max_position_embeddings=max(seq, 64), pack_mlp=pack,
-                         merge_gate_up=pack and mesh_cfg.tensor == 1)
+                         merge_gate_up=pack and cpu_merges(mesh_cfg))
     mesh = sharding.make_mesh(mesh_cfg)
     gd, params = tr.split(tr.create(cfg, jax.random.key(0)))
     params = jax.device_put(params, jax.tree.map(lambda s: NamedSharding(mesh, s),
@@ -62,6 +62,11 @@ def collectives(mesh_cfg: MeshConfig, pack: bool, hidden: int, seq: int, batch: 
 
     comp = jax.jit(jax.value_and_grad(loss)).lower(params, toks).compile()
     return collective_ops(comp.as_text()), jax.device_get(comp(params, toks))
+
+
+def cpu_merges(mesh_cfg: MeshConfig) -> bool:
+    """Whether a run on the CPU on this mesh views the packed gate / up weight as one [H, 2I] matrix."""
+    return ModelConfig().forward_options(2, backend="cpu", tensor=mesh_cfg.tensor)["merge_gate_up"]
 
 
 def collective_ops(hlo: str) -> list[tuple[str, list[str]]]:
@@ -104,7 +109,7 @@ def main(argv=None) -> list[dict]:
         (packed, out_p), (two, out_t) = (collectives(mc, pack, a.hidden, a.seq, a.batch) for pack in (True, False))
         bufs = [Counter(s for kind, shapes in ops if kind == "all-reduce" for s in shapes) for ops in (packed, two)]
         grads = zip(jax.tree.leaves(out_p[1]), jax.tree.leaves(out_t[1]))
-        rows.append(dict(mesh=spec, merged=t == 1, packed=totals(packed), two_matmuls=totals(two),
+        rows.append(dict(mesh=spec, merged=cpu_merges(mc), packed=totals(packed), two_matmuls=totals(two),
                          loss_diff=abs(float(out_p[0]) - float(out_t[0])),
                          grad_max_rel_diff=max(float(np.abs(g - h).max() / max(np.abs(h).max(), 1e-30))
                                                for g, h in grads),
