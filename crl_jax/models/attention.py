@@ -7,11 +7,13 @@ step grows with the tokens written, not with the capacity. (`jax.nn.dot_product_
 GPU the sampler reads the cache as one block instead (`sampling.decode_plan`): there the block loop's
 data-dependent trip count costs a host round trip per iteration (H200: 2.2x slower than one block).
 
-`dense_attention` is the uncached (training / scoring) attention over a [B, T, S] mask, in one of three
+`dense_attention` is the uncached (training / scoring) attention over a [B, T, S] mask, in one of four
 implementations (`TransformerConfig.attn_impl`): "einsum" (explicit float32 scores and softmax, every backend),
 "xla" and "cudnn" (`jax.nn.dot_product_attention`; "cudnn" is its fused flash-attention kernel, CUDA GPUs and
-bf16 / fp16 only, which never writes the [B, H, T, S] score matrix to memory); "auto" (the default) picks
-cudnn where it applies (`attention_impl`; the plain causal forward only) and einsum elsewhere.
+bf16 / fp16 only, which never writes the [B, H, T, S] score matrix to memory), "blocked" (the plain causal
+forward in query / key blocks with its own backward pass, `blocked_attention.py`: no [T, T] buffers kept, no tiles
+above the diagonal; other forms run einsum); "auto" (the default) picks cudnn on a GPU and blocked on a CPU from
+`BLOCKED_MIN_LEN` tokens where they apply (`attention_impl`; the plain causal forward only) and einsum elsewhere.
 """
 
 from __future__ import annotations
@@ -22,18 +24,27 @@ import chex
 import jax
 import jax.numpy as jnp
 
-ATTN_IMPLS = ("auto", "einsum", "xla", "cudnn")
+from crl_jax.models.blocked_attention import causal_blocked_attention
+
+ATTN_IMPLS = ("auto", "einsum", "xla", "cudnn", "blocked")
+# "auto" runs "blocked" on a CPU from this many tokens. SmolLM2-135M shape, 2-core CPU, B 2, float32, a whole
+# update: T 1,280 0.45x einsum's time, T 384 0.84x, T 256 (one block) 0.94x; the tiny models' T < 100 equal within
+# noise (experiments/bench/RESULTS.md, session 25), so they keep einsum.
+BLOCKED_MIN_LEN = 256
 
 
 def attention_impl(impl: str, dtype, head_dim: int, backend: str | None = None,
-                   compute_capability: str | None = None) -> str:
+                   compute_capability: str | None = None, seq_len: int | None = None) -> str:
     """The implementation `dense_attention` runs for `impl`. "auto": "cudnn" on a CUDA GPU of compute capability
     >= 8.0 for bf16 / fp16 inputs with a head dim <= 128 that is a multiple of 8 (H200, Qwen2.5-0.5B shape, bf16,
     B 8 x T 2048: a training step 3.7x faster than "einsum", logits within 7e-3 relative;
-    experiments/bench/RESULTS.md), else "einsum" (CPU and TPU runs are unchanged by "auto")."""
+    experiments/bench/RESULTS.md); "blocked" on a CPU for a sequence of at least `BLOCKED_MIN_LEN` (`seq_len`;
+    None: not known, einsum); else "einsum" (TPU runs are unchanged by "auto")."""
     if impl != "auto":
         return impl
     backend = backend or jax.default_backend()
+    if backend == "cpu":
+        return "blocked" if seq_len is not None and seq_len >= BLOCKED_MIN_LEN else "einsum"
     if backend != "gpu" or jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return "einsum"
     if head_dim > 128 or head_dim % 8:
@@ -68,10 +79,12 @@ def dense_attention(q, k, v, mask, num_kv_heads: int, impl: str = "auto", causal
         raise ValueError("dense_attention: mask=None means the plain causal mask, so it needs causal=True")
     if mask is not None:
         chex.assert_rank(mask, 3)
-    # "auto" takes cuDNN for the plain causal forward only (training and scoring: the path gpu_checks.py verified
-    # on an H200); the query-subset and prefixed forms of `Transformer.hidden_at` stay on einsum.
-    impl = attention_impl(impl, q.dtype, D) if (causal or impl != "auto") else "einsum"
-    if impl == "einsum":
+    # "auto" takes cuDNN / blocked for the plain causal forward only (training and scoring: the path gpu_checks.py
+    # verified on an H200); the query-subset and prefixed forms of `Transformer.hidden_at` stay on einsum.
+    impl = attention_impl(impl, q.dtype, D, seq_len=T) if (causal or impl != "auto") else "einsum"
+    if impl == "blocked" and mask is None:
+        return causal_blocked_attention(q, k, v, num_kv_heads)
+    if impl in ("einsum", "blocked"):  # blocked takes no mask: a padded or prefixed forward runs einsum
         if mask is None:
             mask = jnp.broadcast_to(jnp.arange(k.shape[1])[None, :] <= jnp.arange(T)[:, None], (B, T, k.shape[1]))
         G = Nq // num_kv_heads

@@ -91,7 +91,9 @@ class TransformerConfig:
     family: str = "llama"  # informational: llama | qwen2 | qwen3 | tiny
     attn_impl: str = "auto"  # uncached attention: "einsum" (float32 softmax, any backend) | "xla" | "cudnn"
     #                          (jax.nn.dot_product_attention; cudnn = fused flash attention, CUDA + bf16/fp16) |
-    #                          "auto" (cudnn where it applies, else einsum: attention.attention_impl)
+    #                          "blocked" (plain causal forward in blocks, its own backward: blocked_attention.py) |
+    #                          "auto" (cudnn on a GPU, blocked on a CPU from 256 tokens, where they apply; else
+    #                          einsum: attention.attention_impl)
 
     @property
     def dim_head(self) -> int:

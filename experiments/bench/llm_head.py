@@ -4,6 +4,7 @@
     python experiments/bench/llm_head.py --loss actor --prompt-len 896 --turns 8 --reply-len 16
     python experiments/bench/llm_head.py --loss actor --ratio sequence   # GSPO: the head's chunks hold whole rows
     python experiments/bench/llm_head.py --lora-rank 8   # rank-8 adapters over a frozen base (`lora.train`)
+    python experiments/bench/llm_head.py --attn einsum   # the attention before the blocked one (auto, CPU, T >= 256)
     python experiments/bench/llm_head.py --smoke         # micro model, both losses (CI keeps it running)
 
 - extractor: a row is a prompt (the trajectory to distil) then a response of R tokens
@@ -77,6 +78,7 @@ def measure(loss: str, cfg, a) -> dict:
     row = dict(loss=loss, ratio=a.ratio if loss == "actor" else "token", batch=a.batch,
                seq=int(full.tokens.shape[1]), trained=int(full.loss_mask[0].sum()),
                dtype=a.dtype, scan_unroll=cfg.scan_unroll, merge_gate_up=cfg.merge_gate_up, lora_rank=a.lora_rank,
+               attn_impl=cfg.attn_impl,
                device=str(jax.devices()[0].device_kind))
     for k, (f, b) in variants.items():
         row[f"{k}_temp_mib"] = f.lower(train, fixed, b).compile().memory_analysis().temp_size_in_bytes / 2**20
@@ -111,6 +113,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--merge-gate-up", type=int, default=-1,
                    help="TransformerConfig.merge_gate_up (1 / 0); -1: as a run without a tensor axis (1 on the CPU)")
     p.add_argument("--lora-rank", type=int, default=0, help="train rank-r adapters over a frozen base (0: full)")
+    p.add_argument("--attn", default="auto", help="TransformerConfig.attn_impl (einsum: the path before session 25's "
+                   "blocked attention, which auto picks on a CPU from 256 tokens)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -123,7 +127,7 @@ def main(argv=None) -> list[dict]:
         cfg = preset_config("smollm2-135m", param_dtype=a.dtype)
     merge = (ModelConfig().forward_options(cfg.num_layers)["merge_gate_up"] if a.merge_gate_up < 0
              else bool(a.merge_gate_up))
-    cfg = cfg.replace(scan_unroll=a.scan_unroll or cfg.num_layers, merge_gate_up=merge)
+    cfg = cfg.replace(scan_unroll=a.scan_unroll or cfg.num_layers, merge_gate_up=merge, attn_impl=a.attn)
     rows = [measure(loss, cfg, a) for loss in a.loss.split(",")]
     if a.json:
         with open(a.json, "w") as f:
