@@ -28,7 +28,7 @@ from crl_jax.models.blocked_attention import causal_blocked_attention
 
 ATTN_IMPLS = ("auto", "einsum", "xla", "cudnn", "blocked")
 # "auto" runs "blocked" on a CPU from this many tokens. SmolLM2-135M shape, 2-core CPU, B 2, float32, a whole
-# update: T 1,280 0.45x einsum's time, T 384 0.84x, T 256 (one block) 0.94x; the tiny models' T < 100 equal within
+# update: T 1,280 0.43x einsum's time, T 384 0.89x, T 256 (one block) 0.94x; the tiny models' T < 100 equal within
 # noise (experiments/bench/RESULTS.md, session 25), so they keep einsum.
 BLOCKED_MIN_LEN = 256
 
