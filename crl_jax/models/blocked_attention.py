@@ -50,14 +50,18 @@ def _causal(q0: int, q1: int, k0: int, k1: int, transposed: bool = False) -> jax
     return iota(kd) + k0 <= iota(qd) + q0
 
 
+def _query_block_scores(qh, kh, q0: int, q1: int):
+    """Scaled float32 scores [B, K, G, q1-q0, q1] of queries q0..q1-1 against keys 0..q1-1, -inf above the diagonal
+    (the query itself is always visible)."""
+    s = jnp.einsum("bkgtd,bksd->bkgts", qh[:, :, :, q0:q1], kh[:, :, :q1], preferred_element_type=jnp.float32)
+    return jnp.where(_causal(q0, q1, 0, q1), s * (1.0 / math.sqrt(qh.shape[-1])), -jnp.inf)
+
+
 def _forward(qh, kh, vh, c: int):
     """qh [B, K, G, T, D], kh / vh [B, K, T, D] -> (out [B, K, G, T, D] in v's dtype, lse [B, K, G, T] float32)."""
-    T = qh.shape[3]
-    scale = 1.0 / math.sqrt(qh.shape[-1])
     outs, lses = [], []
-    for q0, q1 in _spans(T, c):
-        s = jnp.einsum("bkgtd,bksd->bkgts", qh[:, :, :, q0:q1], kh[:, :, :q1], preferred_element_type=jnp.float32)
-        s = jnp.where(_causal(q0, q1, 0, q1), s * scale, -jnp.inf)  # the query itself is always visible
+    for q0, q1 in _spans(qh.shape[3], c):
+        s = _query_block_scores(qh, kh, q0, q1)
         m = s.max(-1, keepdims=True)
         p = jnp.exp(s - m)
         den = p.sum(-1, keepdims=True)
@@ -98,8 +102,7 @@ def _attend_bwd(c, res, d_out):
         dk.append(jnp.einsum("bksgt,bkgtd->bksd", dst, qt, preferred_element_type=f32) * scale)
     # dQ: a query block against the keys up to its end, in the forward's layout.
     for q0, q1 in _spans(T, c):
-        s = jnp.einsum("bkgtd,bksd->bkgts", qh[:, :, :, q0:q1], kh[:, :, :q1], preferred_element_type=f32) * scale
-        p = jnp.where(_causal(q0, q1, 0, q1), jnp.exp(s - lse[..., q0:q1, None]), 0.0)
+        p = jnp.exp(_query_block_scores(qh, kh, q0, q1) - lse[..., q0:q1, None])  # 0 above the diagonal
         dp = jnp.einsum("bkgtd,bksd->bkgts", do[:, :, :, q0:q1].astype(vh.dtype), vh[:, :, :q1],
                         preferred_element_type=f32)
         ds = p * (dp - delta[..., q0:q1, None])
@@ -127,5 +130,5 @@ def causal_blocked_attention(q, k, v, num_kv_heads: int, block: int = 256, max_b
     # Head-major layouts: every matmul below then reads its operands as stored (these transposes are [T, D]-sized).
     qh = jnp.transpose(q.reshape(B, T, num_kv_heads, G, D), (0, 2, 3, 1, 4))
     kh, vh = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))
-    o = _attend(qh, kh, vh.astype(q.dtype) if v.dtype != q.dtype else vh, block_size(T, block, max_blocks))
-    return jnp.transpose(o, (0, 3, 1, 2, 4)).reshape(B, T, Nq * D).astype(v.dtype)
+    o = _attend(qh, kh, vh, block_size(T, block, max_blocks))  # in v's dtype
+    return jnp.transpose(o, (0, 3, 1, 2, 4)).reshape(B, T, Nq * D)
