@@ -12,7 +12,8 @@ passes no mask; `fused` / `cudnn_fused`: the loss through
 `train_state.token_loss`, the head's gradient taken in its forward pass, three vocabulary matmuls, not four)
 in one process; each variant's row is printed when done. MFU = model FLOPs / time / peak, with model
 FLOPs = 6 * (non-embedding params + unembedding) * tokens + 6 * L * T * H_attn * tokens (causal attention
-counted at half). Peak defaults to the H200's 989 TFLOP/s dense bf16.
+counted at half). Peak: `--peak`, else the dense bf16 peak of the device kind (`peak_flops`: H100 SXM and H200
+989 TFLOP/s, H100 / H200 NVL 835, H100 PCIe 756, A100 312), else 989 TFLOP/s; each row says which it used.
 """
 
 from __future__ import annotations
@@ -114,9 +115,24 @@ def measure(cfg, variant: str, a) -> dict:
     return dict(variant=variant, preset=a.preset, batch=a.batch, seq=a.seq, remat=a.remat, remat_policy=cfg.remat_policy,
                 scan_unroll=cfg.scan_unroll, head_chunk=a.head_chunk,
                 params_m=tr.num_params(state.params) / 1e6, step_s=dt, step_s_all=times, tokens_per_s=tokens / dt,
-                tflops=flops / dt / 1e12, mfu=flops / dt / a.peak, compile_s=compile_s,
+                tflops=flops / dt / 1e12, mfu=flops / dt / a.peak, peak=a.peak,
+                peak_source=a.peak_source, compile_s=compile_s,
                 temp_bytes=getattr(mem, "temp_size_in_bytes", None) if mem is not None else None,
                 device=str(jax.devices()[0].device_kind), loss=float(m["loss"]))
+
+
+# dense bf16 tensor-core peaks (NVIDIA's data sheets, no sparsity), by a substring of `device_kind`; the more
+# specific names first ("NVIDIA H100 PCIe" and "NVIDIA H100 NVL" before the SXM part's "NVIDIA H100 80GB HBM3")
+_PEAKS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H200 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),
+          ("A100", 312e12))
+
+
+def peak_flops(device_kind: str) -> float | None:
+    """The dense bf16 peak FLOP/s of a GPU by its `device_kind`, None for a kind not in the table (a CPU)."""
+    for name, peak in _PEAKS:
+        if name.lower() in device_kind.lower():
+            return peak
+    return None
 
 
 def main(argv=None):
@@ -129,13 +145,17 @@ def main(argv=None):
     p.add_argument("--scan-unroll", type=int, default=1, help="TransformerConfig.scan_unroll (layers per scan step)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--head-chunk", type=int, default=1024, help="fused variants: rows per vocabulary-head chunk")
-    p.add_argument("--peak", type=float, default=989e12)
+    p.add_argument("--peak", type=float, default=None,
+                   help="FLOP/s for the MFU (default: the device kind's dense bf16 peak, else 989e12)")
     p.add_argument("--variants", default="chunked",
                    help="comma list of chunked, full (before #16), cudnn, cudnn_fullmask, fused, cudnn_fused; "
                         "a _bias suffix: the dense causal mask of before session 21")
     p.add_argument("--smoke", action="store_true", help="tiny model, batch 2, seq 64, 1 rep (CPU)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    kind = str(jax.devices()[0].device_kind)
+    a.peak_source = "--peak" if a.peak else (kind if peak_flops(kind) else "default (989e12: kind not in the table)")
+    a.peak = a.peak or peak_flops(kind) or 989e12
     if a.smoke:
         cfg = tr.tiny_config(1024, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
                              remat=bool(a.remat), remat_policy=a.remat_policy, scan_unroll=a.scan_unroll)
