@@ -50,6 +50,8 @@
 #   explore_mfu_cublas = the fused-head variant with full remat and every matmul on cuBLAS (XLA's Triton GEMM
 #   fusions off)
 # Targets (issue #16): decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
+# At the end it prints (and stores as "targets") each target's best measured value, its step and whether it is
+# met (experiments/bench/gpu_targets.py; also `python experiments/bench/gpu_targets.py RESULTS.json`).
 set -u
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's crl_jax, whatever is installed
@@ -215,6 +217,14 @@ for rc_file in sorted(glob.glob(os.path.join(work, "*.rc"))):
     if os.path.exists(log):
         entry["log_tail"] = open(log).read()[-3000:]
     out["steps"][name] = entry
+sys.path.insert(0, os.path.join(os.getcwd(), "experiments", "bench"))
+try:  # the #16 targets' verdicts (gpu_targets.py), also in the file
+    import gpu_targets
+    out["targets"] = gpu_targets.targets(out["steps"])
+    print(gpu_targets.table(out["targets"]))
+except Exception as e:  # noqa: BLE001  (a read-out bug must not lose the results)
+    out["targets_error"] = f"{type(e).__name__}: {e}"
+    print("targets: " + out["targets_error"])
 with open(res, "w") as f:
     json.dump(out, f, indent=1)
 bad = [n for n, e in out["steps"].items() if e["rc"] != 0]

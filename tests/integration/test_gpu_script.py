@@ -22,6 +22,11 @@ def test_gpu_script_smoke(tmp_path):
     assert set(steps) == {"gpu_checks", "sampler", "sampler_pallas", "decode_cache", "train_mfu", "logprob_memory",
                           "iteration", "decode_hlo", "gpu_profile", "llm_head"}
     assert all(s["rc"] == 0 for s in steps.values()), {k: s["rc"] for k, s in steps.items()}
+    # the #16 targets' verdicts (gpu_targets.py): every target listed; the smoke's batch-1 and MFU rows read out
+    assert set(out["targets"]) == {"decode_b256_tok_s", "b1_step_ms", "mfu", "vmap8_over_1"}
+    assert out["targets"]["mfu"]["value"] > 0 and out["targets"]["mfu"]["source"].startswith("train_mfu")
+    assert out["targets"]["b1_step_ms"]["source"] in (None, "sampler_pallas decode_kernel=pallas_interpret")
+    assert "| batch-1 decode step, ms <= 0.3 |" in p.stdout
     # (decode tok/s is a difference of two timings, nan when noise wins at smoke sizes: not checked)
     assert steps["sampler"]["result"]["rows"][0]["generate_s"] > 0
     # the "xla" attention equals "einsum"; the backend's decode plan gives the CPU plan's greedy tokens
