@@ -154,8 +154,9 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     kind = str(jax.devices()[0].device_kind)
-    a.peak_source = "--peak" if a.peak else (kind if peak_flops(kind) else "default (989e12: kind not in the table)")
-    a.peak = a.peak or peak_flops(kind) or 989e12
+    kind_peak = peak_flops(kind)
+    a.peak_source = "--peak" if a.peak else (kind if kind_peak else "default (989e12: kind not in the table)")
+    a.peak = a.peak or kind_peak or 989e12
     if a.smoke:
         cfg = tr.tiny_config(1024, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
                              remat=bool(a.remat), remat_policy=a.remat_policy, scan_unroll=a.scan_unroll)
