@@ -7,7 +7,8 @@ Four entry points:
 - `continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key, cfg)`: the same after context
   already in a KV cache (an encoded prefix, or a multi-turn rollout's previous turns); returns the cache too.
 - `generate(model_or_(graphdef, params), prompt[B,P], prompt_len[B], key, *, max_new_tokens, ...)`: the
-  jit-compiled convenience wrapper; one compiled program per (shapes, static options).
+  jit-compiled convenience wrapper; one compiled program per (shapes, static options). `prepare(model)` makes
+  the decode weights once for many calls on the same weights (pass it as `model`).
 - `sequence_logprobs(graphdef, params, tokens[B,T], prompt_len[B], total_len[B])`: per-token log-probs of
   a given response under the model (what the policy loss recomputes); equals `generate`'s log-probs at
   temperature 1 with no filtering.
@@ -25,11 +26,7 @@ reading a layer out of the stacked cache is a copy per layer and step), stacked 
 `decode_kernel="pallas"` a batch-1 decode step is three Pallas kernels per layer (`models.fused_decode`), and
 with plain sampling the draw is one more (`models.fused_sample`).
 
-Sampling order (per step, per row): allowed-token mask -> temperature -> top-k -> top-p (nucleus) ->
-categorical (by inverse CDF of one uniform per row, `categorical_inverse_cdf`). The returned log-prob is that
-of the sampled token under exactly this filtered, renormalised distribution. Temperature 0 is greedy: argmax
-of the masked logits, log-prob = log-softmax of the masked logits (temperature 1, no top-k / top-p) at the
-argmax.
+Sampling order and the draw: `token_draw` (`sample_logits`, re-exported here).
 
 Stopping: a row is done after it emits a stop token (the stop token is kept and counted in `lengths`);
 later slots hold `pad_id` with log-prob 0. The decode loop (`lax.while_loop`) exits early once every row
@@ -40,6 +37,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -50,6 +48,12 @@ from crl_jax.models import fused_decode as fd
 from crl_jax.models import fused_sample as fs
 from crl_jax.models import transformer as tr
 from crl_jax.models.logprobs import chunked_logprobs
+from crl_jax import token_draw
+from crl_jax.token_draw import sample_logits
+
+# The one-step functions keep their old paths here too.
+filter_logits, mix_uniform = token_draw.filter_logits, token_draw.mix_uniform
+categorical_inverse_cdf, inverse_cdf_index = token_draw.categorical_inverse_cdf, token_draw.inverse_cdf_index
 
 
 @dataclass(frozen=True)
@@ -116,85 +120,6 @@ def decode_plan(cfg: SamplerConfig, capacity: int, num_layers: int, backend: str
     return block, num_layers <= unroll
 
 
-def filter_logits(logits, *, temperature=1.0, top_k=0, top_p=1.0, allowed=None):
-    """logits [B, V] -> the logits actually sampled from (disallowed / filtered entries are -inf).
-
-    `allowed` is a bool mask [B, V] or [V] (None = all allowed); every row must allow at least one
-    token. top-k keeps every token tied with the k-th largest logit.
-    """
-    x = logits.astype(jnp.float32)
-    if allowed is not None:
-        x = jnp.where(jnp.broadcast_to(allowed, x.shape), x, -jnp.inf)
-    if temperature != 1.0:
-        x = x / temperature
-    V = x.shape[-1]
-    if 0 < top_k < V:
-        kth = jax.lax.top_k(x, top_k)[0][..., -1:]
-        x = jnp.where(x >= kth, x, -jnp.inf)
-    if top_p < 1.0:
-        srt = jnp.sort(x, axis=-1)[..., ::-1]  # descending
-        probs = jax.nn.softmax(srt, axis=-1)
-        mass_before = jnp.cumsum(probs, axis=-1) - probs
-        # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
-        keep = mass_before < top_p
-        thresh = jnp.min(jnp.where(keep, srt, jnp.inf), axis=-1, keepdims=True)
-        x = jnp.where(x >= thresh, x, -jnp.inf)
-    return x
-
-
-def mix_uniform(logp, mix):
-    """log of (1 - mix) * p + mix * uniform over the tokens p allows (logp > -inf): logp [B, V], mix [] in [0, 1)."""
-    ok = jnp.isfinite(logp)
-    n = jnp.maximum(ok.sum(-1, keepdims=True), 1).astype(jnp.float32)
-    mixed = jnp.logaddexp(jnp.log1p(-mix) + logp, jnp.log(mix) - jnp.log(n))
-    return jnp.where(ok, mixed, -jnp.inf)
-
-
-def sample_logits(logits, key, *, temperature=1.0, top_k=0, top_p=1.0, allowed=None, mix=None):
-    """logits [B, V] -> (tokens [B] int32, logprobs [B] float32) under the filtered distribution.
-
-    mix: None, or a [] weight in [0, 1): sample from that mixture of the filtered distribution with the
-    uniform one over its support (`mix_uniform`), and return the mixture's log-prob (not with greedy)."""
-    chex.assert_rank(logits, 2)
-    if temperature == 0.0:
-        x = filter_logits(logits, allowed=allowed)
-        tok = jnp.argmax(x, axis=-1)
-    else:
-        x = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p, allowed=allowed)
-        if mix is not None:
-            x = mix_uniform(jax.nn.log_softmax(x, axis=-1), mix)
-        logp = jax.nn.log_softmax(x, axis=-1)
-        tok = categorical_inverse_cdf(key, logp)
-        return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
-    logp = jax.nn.log_softmax(x, axis=-1)
-    return tok.astype(jnp.int32), jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
-
-
-def categorical_inverse_cdf(key, logp):
-    """One token per row of log-probabilities logp [B, V] (normalised, -inf = excluded) -> [B] int32.
-
-    Inverse CDF of ONE uniform per row: token t with c[t-1] <= u < c[t], c = cumsum(exp(logp)). Gumbel-max
-    (`jax.random.categorical`) needs B*V random draws per step; on a 2-core CPU at V 2,048 they were 2.6 ms of
-    a ~17 ms decode step at batch 64 and a tenth of a batch-1 step (experiments/bench/RESULTS.md). A token
-    of probability 0 is never drawn (its c equals the one before it, and the index is clamped to the last
-    token of positive probability). Float32 resolution: the cumulative sum rounds at ~1e-7, so a token's
-    chance is exact up to ~1e-7 absolute (Gumbel-max in float32 likewise never draws tokens below ~4e-8).
-    """
-    chex.assert_rank(logp, 2)
-    return inverse_cdf_index(jax.random.uniform(key, (logp.shape[0],), jnp.float32), jnp.exp(logp))
-
-
-def inverse_cdf_index(u, p):
-    """The index t of each row of weights p [B, V] (>= 0, unnormalised) with c[t-1] <= u * c[V-1] < c[t],
-    c = cumsum(p), for u [B] in [0, 1) -> [B] int32; never an index of weight 0."""
-    chex.assert_rank([u, p], [1, 2])
-    p = p.astype(jnp.float32)
-    c = jnp.cumsum(p, axis=-1)
-    tok = jnp.sum(c <= u[:, None] * c[:, -1:], axis=-1)
-    last_positive = p.shape[-1] - 1 - jnp.argmax(p[:, ::-1] > 0, axis=-1)  # only rounding could pass it
-    return jnp.minimum(tok, last_positive).astype(jnp.int32)
-
-
 # ----------------------------------------------------------------------------------------------
 # Prefill + decode
 
@@ -222,7 +147,8 @@ def left_align(prompt, prompt_len, pad_id=0):
     return tokens.astype(jnp.int32), positions, valid
 
 
-def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig, allowed_tokens=None, live=None):
+def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig, allowed_tokens=None, live=None,
+                  layers=None):
     """Pure prefill + decode. prompt [B, P] int (right-padded), prompt_len [B] (1 <= len <= P; a row of
     length 0 has nothing to condition on and yields meaningless tokens). `continue_tokens` does the same after
     context already in a cache (e.g. `init_cache(prefix=encode_prefix(head))`, or the last turn's cache).
@@ -231,18 +157,19 @@ def sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: SamplerConfig,
     live: None or bool [B]: rows that are False generate nothing (pad tokens, log-prob 0, length 0) and do not
     keep the decode loop running, which stops once every live row has stopped (e.g. the finished episodes of a
     lock-step multi-turn rollout).
+    layers: None, or `decode_layers(graphdef, params)` computed beforehand (see `continue_tokens`).
     Returns tokens [B, N] int32, logprobs [B, N] float32, lengths [B] int32 (N = cfg.max_new_tokens).
     """
     chex.assert_rank([prompt, prompt_len], [2, 1])
     B, P = prompt.shape
     cache = tr.init_cache(tr.merge(graphdef, params).cfg, B, P + cfg.max_new_tokens)
     out_t, out_lp, lengths, _ = continue_tokens(graphdef, params, cache, 0, jnp.zeros((B,), jnp.int32), prompt,
-                                                prompt_len, key, cfg, allowed_tokens, live)
+                                                prompt_len, key, cfg, allowed_tokens, live, layers)
     return out_t, out_lp, lengths
 
 
 def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key, cfg: SamplerConfig,
-                    allowed_tokens=None, live=None):
+                    allowed_tokens=None, live=None, layers=None):
     """`sample_tokens` on a cache that already holds each row's context: the prompt [B, P] (right-padded,
     prompt_len [B]) is prefilled into slots at .. at+P-1 (left-aligned) and the reply decoded into slots
     at+P .. at+P+N-1, attending over every valid slot before them. `at`: a slot (int or traced scalar);
@@ -254,6 +181,10 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
     the cache's `valid` then marks exactly the prompt's tokens and each row's `lengths` reply tokens.
     The cache must have at + P + N slots (checked when `at` is a Python int; a traced `at` past the end would
     make XLA clamp the writes).
+    layers: None (straight-line decoding slices and fuses the layer weights in this program), or
+    `decode_layers(graphdef, params)` computed beforehand, which straight-line decoding then reads instead: weights
+    in buffers that outlive the call (`prepare`) make a repeated batch-1 call faster (experiments/bench/RESULTS.md,
+    session 27). They must be those of `params`; the layer scan of a deeper model ignores them.
     """
     chex.assert_rank([prompt, prompt_len, start], [2, 1, 1])
     B, P = prompt.shape
@@ -271,14 +202,18 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
     start = start.astype(jnp.int32)
     toks, pos, valid = left_align(prompt.astype(jnp.int32), prompt_len, cfg.pad_id)
     pos = pos + start[:, None]
-    layers = None
     block, straight = decode_plan(cfg, S, model.cfg.num_layers)
     fused = fs.wanted(cfg.decode_kernel, model.cfg, B)
     straight = straight or fused  # the kernels take the per-layer weights and cache buffers
-    if straight:
+    if not straight:
+        layers = None
+    elif layers is None:
         # Sliced (and fused) once, here; the barrier keeps XLA from sinking the slices back into the decode loop,
         # where each would be a copy per step.
         layers = jax.lax.optimization_barrier(model.layer_list(fused=True))
+    elif len(layers) != model.cfg.num_layers:
+        raise ValueError(f"layers: {len(layers)} prepared layers for a model of {model.cfg.num_layers}")
+    if straight:
         cache = tr.split_cache(cache)  # one KV buffer per layer: no per-step slice of the stacked cache
     # Unembed only the last slot: [B, P, V] prefill logits would dominate memory for big vocabularies.
     h, cache = model(toks, positions=pos, attention_mask=valid, cache=cache, cache_index=at, return_hidden=True,
@@ -337,6 +272,38 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
     return out_t, out_lp, lengths, cache
 
 
+def decode_layers(graphdef, params) -> list[dict]:
+    """The layer weights as straight-line decoding reads them: one dict per layer, q/k/v and gate/up fused
+    (`Transformer.layer_list(fused=True)`). Pure; a copy of every layer's weights."""
+    return tr.merge(graphdef, params).layer_list(fused=True)
+
+
+class Prepared(NamedTuple):
+    """A model's weights ready for repeated `generate` calls (`prepare`): a snapshot of `params`."""
+
+    graphdef: Any
+    params: Any
+    layers: list | None  # decode_layers(graphdef, params) in buffers of their own; None where decoding scans layers
+
+
+def prepare(model) -> Prepared:
+    """`model` (a Transformer, its (graphdef, params) split, or a `Prepared`) with its decode weights computed
+    once, for many `generate` calls on the same weights, as a sampler object holds its model. Without it each call
+    slices and fuses the layer weights in its own program: on the 2-core CPU a batch-1 call of the Tunix benchmark's
+    model (32 + 32 tokens) takes about 0.85x the time with it (experiments/bench/RESULTS.md, session 27). Costs a
+    second copy of the layer weights, and only for a model that the backend decodes with straight-line layers
+    (`decode_plan`; a deeper one keeps None, and its layer scan reads the stacked weights). Prepare again after the
+    weights change: the snapshot does not follow them."""
+    if isinstance(model, Prepared):
+        return model
+    graphdef, params = _split_model(model)
+    straight = decode_plan(SamplerConfig(max_new_tokens=1), 1, tr.merge(graphdef, params).cfg.num_layers)[1]
+    return Prepared(graphdef, params, _decode_layers_jit(graphdef, params) if straight else None)
+
+
+_decode_layers_jit = jax.jit(decode_layers, static_argnums=0)
+
+
 def _split_model(model_or_pair):
     if isinstance(model_or_pair, nnx.Module):
         return tr.split(model_or_pair)
@@ -345,8 +312,8 @@ def _split_model(model_or_pair):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5))
-def _generate_jit(graphdef, params, prompt, prompt_len, key, cfg, allowed_tokens):
-    return sample_tokens(graphdef, params, prompt, prompt_len, key, cfg, allowed_tokens)
+def _generate_jit(graphdef, params, prompt, prompt_len, key, cfg, allowed_tokens, layers):
+    return sample_tokens(graphdef, params, prompt, prompt_len, key, cfg, allowed_tokens, layers=layers)
 
 
 def generate(model, prompt_tokens, prompt_lengths, key, *, max_new_tokens, temperature=1.0, top_p=1.0,
@@ -354,11 +321,12 @@ def generate(model, prompt_tokens, prompt_lengths, key, *, max_new_tokens, tempe
              unroll_layers=SamplerConfig.unroll_layers, decode_kernel=SamplerConfig.decode_kernel):
     """Sample N = max_new_tokens tokens after each prompt. See the module docstring.
 
-    model: a Transformer or its (graphdef, params) split. prompt_tokens [B, P] int right-padded,
-    prompt_lengths [B] int, key: a typed PRNG key. Returns tokens [B, N] int32, logprobs [B, N] float32,
-    lengths [B] int32 (generated tokens including the stop token).
+    model: a Transformer, its (graphdef, params) split, or `prepare(model)` (faster for repeated calls on the same
+    weights). prompt_tokens [B, P] int right-padded, prompt_lengths [B] int, key: a typed PRNG key. Returns
+    tokens [B, N] int32, logprobs [B, N] float32, lengths [B] int32 (generated tokens including the stop token).
     """
-    graphdef, params = _split_model(model)
+    layers = model.layers if isinstance(model, Prepared) else None
+    graphdef, params = model[:2] if isinstance(model, Prepared) else _split_model(model)
     cfg = SamplerConfig(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
                         top_k=int(top_k), stop_tokens=tuple(stop_tokens), pad_id=int(pad_id),
                         unroll_layers=int(unroll_layers), decode_kernel=str(decode_kernel))
@@ -366,7 +334,7 @@ def generate(model, prompt_tokens, prompt_lengths, key, *, max_new_tokens, tempe
     prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
     if allowed_tokens is not None:
         allowed_tokens = jnp.asarray(allowed_tokens, bool)
-    return _generate_jit(graphdef, params, prompt_tokens, prompt_lengths, key, cfg, allowed_tokens)
+    return _generate_jit(graphdef, params, prompt_tokens, prompt_lengths, key, cfg, allowed_tokens, layers)
 
 
 # ----------------------------------------------------------------------------------------------

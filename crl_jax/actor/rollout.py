@@ -34,7 +34,7 @@ from crl_jax.envs.actions import action_allowed_mask, token_to_action
 from crl_jax.models import transformer as tr
 from crl_jax.models.row_blocks import last_hidden_in_blocks
 from crl_jax.models.shared_prefix import encode_unique_prefixes
-from crl_jax.sampling import sample_logits
+from crl_jax.token_draw import sample_logits
 from crl_jax.text.packing import pack_segments
 
 

@@ -305,7 +305,7 @@ def _head_kernel(x_ref, wn_ref, w_ref, out_ref, m_ref, s_ref, *, H, eps, tied, n
         ss, acc = _chunks(H // CH, body, (jnp.float32(0.0), jnp.zeros((cv,), f32)))
         logits = acc * jax.lax.rsqrt(ss / H + eps)
         out_ref[pl.ds(v * cv, cv)] = logits
-        xs = logits if temperature in (0.0, 1.0) else logits / temperature  # as `sampling.filter_logits`
+        xs = logits if temperature in (0.0, 1.0) else logits / temperature  # as `token_draw.filter_logits`
         m = jnp.max(xs)
         m_ref[v] = m
         s_ref[v] = jnp.sum(jnp.exp(xs - m))

@@ -9,7 +9,7 @@ angles, the cache's valid mask and the output writes most of the rest. Here:
 - the vocabulary head's programs (`fused_decode._head_kernel`) also write each tile's statistics: m = the max of
   its logits / T and s = the sum of exp(logits / T - m), one tile per `VOCAB_COLS` tokens;
 - `_sample_kernel` (one program) combines them: M = max m, Z = sum exp(m - M) s, and draws by inverse CDF, as
-  `sampling.categorical_inverse_cdf` does, with the same uniform: the tile where the cumulative tile mass
+  `token_draw.categorical_inverse_cdf` does, with the same uniform: the tile where the cumulative tile mass
   first passes u Z, then the token in that tile where the cumulative mass passes the rest. Greedy (T = 0):
   the first tile holding the maximum, then its first maximum (`argmax`'s tie rule). The log-prob is
   logits[tok] / T - M - log Z, `log_softmax`'s value. The token and log-prob go straight into the loop's

@@ -11,6 +11,8 @@ first) -> B*P / time. Generate: the full jitted `generate` (prefill + N decode s
 no stop tokens so every step runs) -> decode tokens/s = B*(N-1) / (time(N tokens) - time(1 token)).
 Times are medians over --reps runs after one compile/warm-up run; compile time is reported separately.
 `--decode-kernel pallas` runs batch-1 decode steps as the fused Pallas kernels (`models.fused_decode`).
+`generate` gets the decode weights made once (`sampling.prepare`), as a sampler object holds them; `--weights
+per-call` slices and fuses them inside every call instead.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def timed(fn, reps: int) -> tuple[float, float]:
 
 
 def bench_one(gd, pa, B: int, P: int, N: int, reps: int, unroll: int = S.SamplerConfig.unroll_layers,
-              decode_kernel: str = "xla") -> dict:
+              decode_kernel: str = "xla", weights: str = "prepared") -> dict:
     cfg = tr.merge(gd, pa).cfg
     key = jax.random.key(B)
     prompt = jax.random.randint(key, (B, P), 0, cfg.vocab_size, jnp.int32)
@@ -116,8 +118,10 @@ def bench_one(gd, pa, B: int, P: int, N: int, reps: int, unroll: int = S.Sampler
         h, cache = model(toks, positions=pos, cache=cache, cache_index=0, return_hidden=True)
         return model.unembed(h[:, -1:]), cache
 
+    model = S.prepare((gd, pa)) if weights == "prepared" else (gd, pa)
+
     def gen(n):
-        return lambda: S.generate((gd, pa), prompt, plen, jax.random.key(1), max_new_tokens=n, temperature=1.0,
+        return lambda: S.generate(model, prompt, plen, jax.random.key(1), max_new_tokens=n, temperature=1.0,
                                   unroll_layers=unroll, decode_kernel=decode_kernel)
 
     c_pre, t_pre = timed(lambda: prefill(pa, prompt), reps)
@@ -127,7 +131,7 @@ def bench_one(gd, pa, B: int, P: int, N: int, reps: int, unroll: int = S.Sampler
     dec = B * (N - 1) / t_dec if t_dec > 0 else float("nan")  # nan: decode time lost in timing noise
     block, straight = S.decode_plan(S.SamplerConfig(max_new_tokens=N, unroll_layers=unroll), P + N, cfg.num_layers)
     return dict(batch=B, unroll_layers=unroll, layers_unrolled=straight or decode_kernel != "xla", attn_block=block,
-                decode_kernel=decode_kernel if B == 1 else "xla", prompt_len=P,
+                decode_kernel=decode_kernel if B == 1 else "xla", weights=weights, prompt_len=P,
                 new_tokens=N, prefill_s=t_pre, generate_s=t_gen,
                 prefill_tok_s=B * P / t_pre, decode_tok_s=dec, decode_step_ms=1e3 * t_dec / (N - 1),
                 compile_s=max(0.0, (c_pre - t_pre) + (c_gen - t_gen)))  # noise can make it < 0
@@ -169,6 +173,9 @@ def main(argv=None) -> int:
                          "decode with straight-line layers; default: the library's)")
     ap.add_argument("--decode-kernel", default="xla", choices=["xla", "pallas", "pallas_interpret"],
                     help="SamplerConfig.decode_kernel (batch-1 decode steps; pallas: Triton kernels, CUDA GPUs)")
+    ap.add_argument("--weights", choices=["prepared", "per-call"], default="prepared",
+                    help="decode weights made once by `sampling.prepare` (default since session 27), or sliced and "
+                         "fused inside every generate call (before)")
     ap.add_argument("--fused-set", default="",
                     help="with --decode-kernel pallas*: ';'-separated settings of models/fused_decode.py's tile "
                          "constants, one row each, e.g. 'MLP_COLS=32;MLP_COLS=64,NUM_WARPS=8' (a tile sweep)")
@@ -198,7 +205,7 @@ def main(argv=None) -> int:
         for unroll, setting in [(int(u), f) for u in a.unroll_layers.split(",") for f in a.fused_set.split(";")]:
             set_fused_tiles(setting)
             for B in batches:
-                r = bench_one(gd, pa, B, P, N, reps, unroll, a.decode_kernel)
+                r = bench_one(gd, pa, B, P, N, reps, unroll, a.decode_kernel, a.weights)
                 r.update(model=label + (" (layers unrolled)" if r["layers_unrolled"] else "")
                          + (f" ({r['decode_kernel']} kernels{', ' + setting if setting else ''})"
                             if r["decode_kernel"] != "xla" else ""), dtype=a.dtype, fused_set=setting)

@@ -16,6 +16,9 @@ shared, so a ratio is taken per repeat (the calls of one repeat see about the sa
 min / median / max over repeats, with the 1-minute load average at the start and end of each row.
 tokens/s = B * N / wall time of one whole call (prefill + decode + copying tokens to the host; Tunix's
 call also detokenizes, which is what its API does); the table shows each side's median.
+Both sides hold their weights as a sampler object does: Tunix's `Sampler` its model's per-layer arrays, ours
+`sampling.prepare`'s decode weights, made once before the timed calls (`--weights per-call`: sliced and fused
+inside every call instead, as before session 27).
 """
 
 from __future__ import annotations
@@ -40,12 +43,14 @@ import tunix_common as tc  # noqa: E402
 from crl_jax import sampling as S  # noqa: E402
 
 
-def ours_call(gd, pa, shape, B, P, N, seed) -> dict:
-    """{"seconds"} of one whole `generate` call of ours at batch B (prompts seeded by B, as the worker's)."""
+def ours_call(model, shape, B, P, N, seed) -> dict:
+    """{"seconds"} of one whole `generate` call of ours at batch B (prompts seeded by B, as the worker's).
+    `model`: (graphdef, params), or `sampling.prepare` of them (the decode weights computed once, beforehand,
+    as Tunix's `Sampler` holds its model's)."""
     prompt = jnp.asarray(np.random.default_rng(B).integers(2, shape["vocab_size"], (B, P)), jnp.int32)
     plen = jnp.full((B,), P, jnp.int32)
     t0 = time.perf_counter()
-    toks, _, _ = S.generate((gd, pa), prompt, plen, jax.random.key(seed), max_new_tokens=N, temperature=1.0)
+    toks, _, _ = S.generate(model, prompt, plen, jax.random.key(seed), max_new_tokens=N, temperature=1.0)
     np.asarray(toks)
     return dict(seconds=time.perf_counter() - t0)
 
@@ -88,6 +93,9 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="batches 1,8; P=16, N=8; 3 reps")
+    ap.add_argument("--weights", choices=("prepared", "per-call"), default="prepared",
+                    help="ours: decode weights prepared once (`sampling.prepare`, the default since session 27), "
+                         "or sliced and fused inside every call (before)")
     ap.add_argument("--results", default="", help="append the table to this markdown file")
     ap.add_argument("--date", default="")
     ap.add_argument("--hardware", default="")
@@ -102,11 +110,13 @@ def main(argv=None):
           f"ours jax {jax.__version__} {jax.devices()}; same weights: max |logit diff| = "
           f"{info['logit_max_abs_diff']:.2e}", flush=True)
     P, N = a.prompt_len, a.new_tokens
+    ours = S.prepare((gd, pa)) if a.weights == "prepared" else (gd, pa)
+    print(f"ours: decode weights {a.weights}", flush=True)
     setup = dict(kind="sampler", shape=shape, seed=a.seed, prompt_len=P, new_tokens=N)
     rows = []
     with tc.WorkerSession(a.venv, setup) as tunix:
         for B in batches:
-            calls = {"ours": partial(ours_call, gd, pa, shape, B, P, N), "tunix": partial(tunix_call, tunix, B, N)}
+            calls = {"ours": partial(ours_call, ours, shape, B, P, N), "tunix": partial(tunix_call, tunix, B, N)}
             row = tc.interleave(calls, a.reps, batch=B)
             rows.append(row)
             print(f"B={B}: load {row['load'][0]} -> {row['load'][1]}; ours / Tunix x"
@@ -121,7 +131,8 @@ def main(argv=None):
             f.write(f"\n### Sampler vs Tunix 0.1.7 ({a.date}, {a.hardware or platform.processor()}, "
                     f"jax {jax.__version__})\n\n`{cmd}`\n\nModel: Llama-3 shape {shape}, "
                     f"{info['num_params'] / 1e6:.2f}M params, float32, weights shared (max |logit diff| "
-                    f"{info['logit_max_abs_diff']:.1e}); {a.reps} interleaved repeats per row.\n\n{tab}\n\n"
+                    f"{info['logit_max_abs_diff']:.1e}); {a.reps} interleaved repeats per row; our decode weights "
+                    f"{a.weights}.\n\n{tab}\n\n"
                     f"First call incl. compile, ours / Tunix (s): {comp}\n")
 
 
