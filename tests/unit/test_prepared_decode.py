@@ -15,9 +15,9 @@ N = 6
 PROMPTS = [[5, 9, 2, 7, 1], [3, 3], [11, 4, 8]]
 
 
-def make(**overrides):
+def make(vocab=V, **overrides):
     """A tiny model with numpy-initialised weights (norms 4, matrices N(0, 0.08): peaked logits)."""
-    gd, state = tr.split(nnx.eval_shape(lambda: tr.create(tr.tiny_config(V, **overrides), jax.random.key(0))))
+    gd, state = tr.split(nnx.eval_shape(lambda: tr.create(tr.tiny_config(vocab, **overrides), jax.random.key(0))))
     rng = np.random.default_rng(0)
     pure = {k: (np.full(v.shape, 4.0, np.float32) if "norm" in k else
                 (0.08 * rng.standard_normal(v.shape)).astype(np.float32))
@@ -98,3 +98,13 @@ def test_prepared_layers_of_another_depth_are_refused(model):
     p, l = batch(PROMPTS)
     with pytest.raises(ValueError, match="3 prepared layers for a model of 2"):
         S.generate(S.Prepared(gd, pa, other.layers), p, l, jax.random.key(0), max_new_tokens=N)
+
+
+def test_prepared_weights_feed_the_fused_kernels():
+    """Batch 1 through the Pallas kernels (`decode_kernel="pallas_interpret"`, Pallas' interpreter on the CPU): the
+    prepared per-layer weights are the kernels' operands, with the same tokens as the per-call path."""
+    model = make(vocab=128)  # the kernels' vocabulary tiles are 128 tokens
+    p, l = batch(PROMPTS[:1])
+    kw = dict(max_new_tokens=3, temperature=1.0, decode_kernel="pallas_interpret")
+    want = S.generate(model, p, l, jax.random.key(7), **kw)
+    assert_same(S.generate(S.prepare(model), p, l, jax.random.key(7), **kw), want)
