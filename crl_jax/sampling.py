@@ -44,11 +44,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from crl_jax import token_draw
 from crl_jax.models import fused_decode as fd
 from crl_jax.models import fused_sample as fs
 from crl_jax.models import transformer as tr
 from crl_jax.models.logprobs import chunked_logprobs
-from crl_jax import token_draw
 from crl_jax.token_draw import sample_logits
 
 # The one-step functions keep their old paths here too.
@@ -290,7 +290,7 @@ def prepare(model) -> Prepared:
     """`model` (a Transformer, its (graphdef, params) split, or a `Prepared`) with its decode weights computed
     once, for many `generate` calls on the same weights, as a sampler object holds its model. Without it each call
     slices and fuses the layer weights in its own program: on the 2-core CPU a batch-1 call of the Tunix benchmark's
-    model (32 + 32 tokens) takes about 0.85x the time with it (experiments/bench/RESULTS.md, session 27). Costs a
+    model (32 + 32 tokens) takes about 0.82x the time with it (experiments/bench/RESULTS.md, session 27). Costs a
     second copy of the layer weights, and only for a model that the backend decodes with straight-line layers
     (`decode_plan`; a deeper one keeps None, and its layer scan reads the stacked weights). Prepare again after the
     weights change: the snapshot does not follow them."""
