@@ -14,6 +14,8 @@ from flax import nnx
 from crl_jax import sampling as S
 from crl_jax.models import transformer as tr
 
+from _peaked_models import peaked_tiny
+
 _PATH = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "bench", "legacy_decode.py")
 _spec = importlib.util.spec_from_file_location("legacy_decode", _PATH)
 LD = importlib.util.module_from_spec(_spec)
@@ -24,14 +26,8 @@ V = 64
 
 @pytest.fixture(scope="module")
 def model():
-    """Tiny model with large numpy weights (peaked logits: greedy choices have clear margins)."""
-    gd, state = tr.split(nnx.eval_shape(lambda: tr.create(tr.tiny_config(V), jax.random.key(0))))
-    rng = np.random.default_rng(1)
-    pure = {k: (np.full(v.shape, 4.0, np.float32) if "norm" in k else
-                (0.08 * rng.standard_normal(v.shape)).astype(np.float32))
-            for k, v in nnx.to_pure_dict(state).items()}
-    nnx.replace_by_pure_dict(state, {k: jnp.asarray(v) for k, v in pure.items()})
-    return gd, state
+    """Tiny model with peaked logits (`_peaked_models.peaked_tiny`): greedy choices have clear margins."""
+    return peaked_tiny(V, seed=1)
 
 
 _new = jax.jit(S.sample_tokens, static_argnums=(0, 5))

@@ -5,30 +5,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from crl_jax import sampling as S
 from crl_jax.models import transformer as tr
+
+from _peaked_models import peaked_tiny  # tests/ is on sys.path (conftest.py)
 
 V = 64
 N = 6
 PROMPTS = [[5, 9, 2, 7, 1], [3, 3], [11, 4, 8]]
 
 
-def make(vocab=V, **overrides):
-    """A tiny model with numpy-initialised weights (norms 4, matrices N(0, 0.08): peaked logits)."""
-    gd, state = tr.split(nnx.eval_shape(lambda: tr.create(tr.tiny_config(vocab, **overrides), jax.random.key(0))))
-    rng = np.random.default_rng(0)
-    pure = {k: (np.full(v.shape, 4.0, np.float32) if "norm" in k else
-                (0.08 * rng.standard_normal(v.shape)).astype(np.float32))
-            for k, v in nnx.to_pure_dict(state).items()}
-    nnx.replace_by_pure_dict(state, {k: jnp.asarray(v) for k, v in pure.items()})
-    return gd, state
-
-
 @pytest.fixture(scope="module")
 def model():
-    return make()
+    return peaked_tiny(V)
 
 
 def batch(prompts):
@@ -56,7 +46,7 @@ def test_prepared_weights_give_the_per_call_tokens_and_logprobs(model, opts):
 
 
 def test_prepared_weights_with_attention_biases_and_a_module():
-    gd, pa = make(attention_bias=True)  # q/k/v biases fused into "bqkv"
+    gd, pa = peaked_tiny(V, attention_bias=True)  # q/k/v biases fused into "bqkv"
     p, l = batch(PROMPTS)
     prep = S.prepare(tr.merge(gd, pa))
     assert "bqkv" in prep.layers[0]
@@ -66,7 +56,7 @@ def test_prepared_weights_with_attention_biases_and_a_module():
 
 
 def test_a_model_decoded_by_the_layer_scan_prepares_nothing():
-    deep = make(num_layers=9)  # deeper than the CPU's straight-line limit (8): the layer scan
+    deep = peaked_tiny(V, num_layers=9)  # deeper than the CPU's straight-line limit (8): the layer scan
     assert not S.decode_plan(S.SamplerConfig(max_new_tokens=1), 16, 9)[1]
     prep = S.prepare(deep)
     assert prep.layers is None
@@ -93,7 +83,7 @@ def test_the_prepared_call_holds_no_copy_of_the_weights_and_compiles_once(model)
 
 
 def test_prepared_layers_of_another_depth_are_refused(model):
-    other = S.prepare(make(num_layers=3))
+    other = S.prepare(peaked_tiny(V, num_layers=3))
     gd, pa = model
     p, l = batch(PROMPTS)
     with pytest.raises(ValueError, match="3 prepared layers for a model of 2"):
@@ -103,7 +93,7 @@ def test_prepared_layers_of_another_depth_are_refused(model):
 def test_prepared_weights_feed_the_fused_kernels():
     """Batch 1 through the Pallas kernels (`decode_kernel="pallas_interpret"`, Pallas' interpreter on the CPU): the
     prepared per-layer weights are the kernels' operands, with the same tokens as the per-call path."""
-    model = make(vocab=128)  # the kernels' vocabulary tiles are 128 tokens
+    model = peaked_tiny(128)  # the kernels' vocabulary tiles are 128 tokens
     p, l = batch(PROMPTS[:1])
     kw = dict(max_new_tokens=3, temperature=1.0, decode_kernel="pallas_interpret")
     want = S.generate(model, p, l, jax.random.key(7), **kw)

@@ -5,10 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from crl_jax import sampling as S
 from crl_jax.models import transformer as tr
+
+from _peaked_models import peaked_tiny
 
 V = 64
 N = 6
@@ -17,15 +18,8 @@ PROMPTS = [[5, 9, 2, 7, 1], [3, 3], [11, 4, 8]]
 
 @pytest.fixture(scope="module")
 def model():
-    """Tiny model with large numpy-initialised weights (no eager init ops to compile): norms 4, matrices
-    N(0, 0.08), so logits are peaked and greedy choices have clear margins."""
-    gd, state = tr.split(nnx.eval_shape(lambda: tr.create(tr.tiny_config(V), jax.random.key(0))))
-    rng = np.random.default_rng(0)
-    pure = {k: (np.full(v.shape, 4.0, np.float32) if "norm" in k else
-                (0.08 * rng.standard_normal(v.shape)).astype(np.float32))
-            for k, v in nnx.to_pure_dict(state).items()}
-    nnx.replace_by_pure_dict(state, {k: jnp.asarray(v) for k, v in pure.items()})
-    return gd, state
+    """Tiny model with peaked logits (`_peaked_models.peaked_tiny`)."""
+    return peaked_tiny(V)
 
 
 def batch(prompts, P=None):
