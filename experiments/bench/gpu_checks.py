@@ -9,7 +9,8 @@
    a GPU one attention block, every layer unrolled) and with the CPU plan (128-slot blocks, layer scan) gives
    the same tokens.
 3. Fused decode kernels (`decode_kernel="pallas"`, on a GPU; Pallas' interpreter elsewhere): greedy float32
-   batch-1 decoding of a 6-layer model gives the same tokens as XLA's path (log-probs within 1e-3), and one bf16
+   batch-1 decoding of a 6-layer model gives the same tokens as XLA's path (log-probs within 1e-3), and the same
+   again from the decode weights made once (`sampling.prepare`) at temperature 1; one bf16
    decode step at SmolLM2-135M shape (30 layers; 2 with --smoke) gives logits within 3e-2 relative of XLA's.
 Exit status 1 if a check fails.
 """
@@ -103,6 +104,10 @@ def fused_decode_check(smoke: bool = False) -> dict:
                              temperature=temp, decode_kernel=k) for k in ("xla", kind)}
         same[temp] = bool((np.asarray(out[kind][0]) == np.asarray(out["xla"][0])).all())
         lp = max(lp, float(np.abs(np.asarray(out[kind][1]) - np.asarray(out["xla"][1])).max()))
+    # The decode weights made once (`sampling.prepare`, what the sampler benchmarks time) feed the same kernels.
+    prep = S.generate(S.prepare((gd, pa)), prompt, jnp.array([33]), jax.random.key(2), max_new_tokens=N,
+                      temperature=1.0, decode_kernel=kind)
+    same["prepared"] = bool((np.asarray(prep[0]) == np.asarray(out[kind][0])).all())
     # One bf16 step at the benchmark's shape (what sampler.py --decode-kernel pallas times).
     big = preset_config("smollm2-135m", param_dtype="bfloat16")
     if smoke:
@@ -125,7 +130,8 @@ def fused_decode_check(smoke: bool = False) -> dict:
 
     got, want = steps(cache)
     r = rel(got, want, np.ones(want.shape, bool))
-    return dict(kernel=kind, same_tokens=same[0.0], same_tokens_temperature_1=same[1.0], logprob_max_abs_diff=lp,
+    return dict(kernel=kind, same_tokens=same[0.0], same_tokens_temperature_1=same[1.0],
+                prepared_same_tokens=same["prepared"], logprob_max_abs_diff=lp,
                 bf16_step_logits_rel=r, ok=all(same.values()) and lp < 1e-3 and r < 3e-2)
 
 
