@@ -296,7 +296,7 @@ def prepare(model) -> Prepared:
     weights change: the snapshot does not follow them."""
     if isinstance(model, Prepared):
         return model
-    graphdef, params = _split_model(model)
+    graphdef, params, _ = _split_model(model)
     straight = decode_plan(SamplerConfig(max_new_tokens=1), 1, tr.merge(graphdef, params).cfg.num_layers)[1]
     return Prepared(graphdef, params, _decode_layers_jit(graphdef, params) if straight else None)
 
@@ -304,11 +304,12 @@ def prepare(model) -> Prepared:
 _decode_layers_jit = jax.jit(decode_layers, static_argnums=0)
 
 
-def _split_model(model_or_pair):
-    if isinstance(model_or_pair, nnx.Module):
-        return tr.split(model_or_pair)
-    graphdef, params = model_or_pair
-    return graphdef, params
+def _split_model(model):
+    """(graphdef, params, prepared layers or None) of a Transformer, a (graphdef, params) pair or a `Prepared`."""
+    if isinstance(model, Prepared):
+        return model
+    graphdef, params = tr.split(model) if isinstance(model, nnx.Module) else model
+    return graphdef, params, None
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5))
@@ -325,8 +326,7 @@ def generate(model, prompt_tokens, prompt_lengths, key, *, max_new_tokens, tempe
     weights). prompt_tokens [B, P] int right-padded, prompt_lengths [B] int, key: a typed PRNG key. Returns
     tokens [B, N] int32, logprobs [B, N] float32, lengths [B] int32 (generated tokens including the stop token).
     """
-    layers = model.layers if isinstance(model, Prepared) else None
-    graphdef, params = model[:2] if isinstance(model, Prepared) else _split_model(model)
+    graphdef, params, layers = _split_model(model)
     cfg = SamplerConfig(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
                         top_k=int(top_k), stop_tokens=tuple(stop_tokens), pad_id=int(pad_id),
                         unroll_layers=int(unroll_layers), decode_kernel=str(decode_kernel))

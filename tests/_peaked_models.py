@@ -1,5 +1,5 @@
-"""The tiny sampler tests' model (tests/unit/test_sampling.py, test_decode_cache.py, test_prepared_decode.py).
-Not a test module."""
+"""The tiny sampler tests' model and prompts (tests/unit/test_sampling.py, test_decode_cache.py,
+test_prepared_decode.py). Not a test module."""
 
 import jax
 import jax.numpy as jnp
@@ -19,3 +19,15 @@ def peaked_tiny(vocab: int, seed: int = 0, **overrides):
             for k, v in nnx.to_pure_dict(state).items()}
     nnx.replace_by_pure_dict(state, {k: jnp.asarray(v) for k, v in pure.items()})
     return gd, state
+
+
+PROMPTS = [[5, 9, 2, 7, 1], [3, 3], [11, 4, 8]]  # three rows of different lengths
+
+
+def batch(prompts, P=None):
+    """Right-padded prompts [B, P] int32 and their lengths [B] (P: the longest row unless given)."""
+    P = P or max(len(p) for p in prompts)
+    arr = np.zeros((len(prompts), P), np.int32)
+    for i, p in enumerate(prompts):
+        arr[i, : len(p)] = p
+    return jnp.asarray(arr), jnp.asarray([len(p) for p in prompts], jnp.int32)

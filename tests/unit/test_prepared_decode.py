@@ -2,30 +2,21 @@
 compiled call no longer holds them in its temporary memory."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from crl_jax import sampling as S
 from crl_jax.models import transformer as tr
 
-from _peaked_models import peaked_tiny  # tests/ is on sys.path (conftest.py)
+from _peaked_models import PROMPTS, batch, peaked_tiny  # tests/ is on sys.path (conftest.py)
 
 V = 64
 N = 6
-PROMPTS = [[5, 9, 2, 7, 1], [3, 3], [11, 4, 8]]
 
 
 @pytest.fixture(scope="module")
 def model():
     return peaked_tiny(V)
-
-
-def batch(prompts):
-    arr = np.zeros((len(prompts), max(len(p) for p in prompts)), np.int32)
-    for i, p in enumerate(prompts):
-        arr[i, : len(p)] = p
-    return jnp.asarray(arr), jnp.asarray([len(p) for p in prompts], jnp.int32)
 
 
 def assert_same(a, b):

@@ -9,25 +9,16 @@ import pytest
 from crl_jax import sampling as S
 from crl_jax.models import transformer as tr
 
-from _peaked_models import peaked_tiny
+from _peaked_models import PROMPTS, batch, peaked_tiny  # tests/ is on sys.path (conftest.py)
 
 V = 64
 N = 6
-PROMPTS = [[5, 9, 2, 7, 1], [3, 3], [11, 4, 8]]
 
 
 @pytest.fixture(scope="module")
 def model():
     """Tiny model with peaked logits (`_peaked_models.peaked_tiny`)."""
     return peaked_tiny(V)
-
-
-def batch(prompts, P=None):
-    P = P or max(len(p) for p in prompts)
-    arr = np.zeros((len(prompts), P), np.int32)
-    for i, p in enumerate(prompts):
-        arr[i, : len(p)] = p
-    return jnp.asarray(arr), jnp.asarray([len(p) for p in prompts], jnp.int32)
 
 
 T_REF = 12  # every reference forward is padded to [3, T_REF]: one compile for the module
