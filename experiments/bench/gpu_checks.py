@@ -110,8 +110,8 @@ def fused_decode_check(smoke: bool = False) -> dict:
     same["prepared"] = bool((np.asarray(prep[0]) == np.asarray(out[kind][0])).all())
     # One bf16 step at the benchmark's shape (what sampler.py --decode-kernel pallas times).
     big = preset_config("smollm2-135m", param_dtype="bfloat16")
-    if smoke:
-        big = big.replace(num_layers=2)
+    if smoke:  # (the interpreter runs the head's 384 vocabulary tiles one by one: 32 here)
+        big = big.replace(num_layers=2, vocab_size=4096)
     model = tr.create(big, jax.random.key(4))
     P, S_cap = 128, 256
     cache = tr.init_cache(big, 1, S_cap)

@@ -4,6 +4,8 @@ with the same uniforms (tokens equal, log-probs close; greedy ties; uniforms at 
 sampler through the kernels against XLA's at several temperatures; run in Pallas' interpreter on the CPU, and
 lowered for a CUDA GPU (Triton)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,12 +48,19 @@ def test_the_head_kernel_writes_the_tile_statistics(temperature):
     np.testing.assert_allclose(s, want_s, rtol=1e-5)
 
 
-def _draw(logits, u, temperature, step=2, N=5, stops=(5, 7)):
+@functools.partial(jax.jit, static_argnames=("temperature", "step", "N", "stops"))
+def _draw_kernel(logits, u, temperature, step, N, stops):
+    """The statistics and draw kernels (interpreted) as one compiled program: u is an argument, so the draw
+    tests' 40 uniforms per (V, temperature) run one program (eagerly, each draw re-traced the interpreter)."""
     m, s = fs.tile_stats(logits, temperature)
     out_t, out_lp = jnp.full((1, N), -1, jnp.int32), jnp.full((1, N), 9.0, jnp.float32)
     us = jnp.zeros((N,), jnp.float32).at[step].set(u)
-    tok, out_t, out_lp, done = fs.sample(jnp.array([step], jnp.int32), us, logits, m, s, out_t, out_lp,
-                                         temperature=temperature, stops=stops, interpret=True)
+    return fs.sample(jnp.array([step], jnp.int32), us, logits, m, s, out_t, out_lp, temperature=temperature,
+                     stops=stops, interpret=True)
+
+
+def _draw(logits, u, temperature, step=2, N=5, stops=(5, 7)):
+    tok, out_t, out_lp, done = _draw_kernel(logits, jnp.float32(u), temperature, step, N, stops)
     assert int(done[0]) == int(int(tok[0]) in stops)  # the stop check
     others = np.delete(np.arange(N), step)
     assert np.all(np.asarray(out_t)[0, others] == -1) and np.all(np.asarray(out_lp)[0, others] == 9.0)
