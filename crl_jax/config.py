@@ -130,7 +130,7 @@ class BankConfig:
 class ExtractorConfig:
     batch: int = 8  # B_phi: samples per extractor update (paper: 64; 8 gives updates in a short run)
     buffer_capacity: int = 256  # sample buffer size (> batch); overflow is counted
-    cooldown: int = 1  # delta: no retraining within this many steps
+    cooldown: int = 1  # delta: repeat weight 0 if trained within the last delta steps (step - last <= delta)
     power: float = 0.5  # alpha: repeat weight (1 + times_trained)^-alpha
     eps_low: float = 0.1  # CISPO clip low
     eps_high: float = 0.1  # CISPO clip high
@@ -151,6 +151,9 @@ class ExtractorConfig:
     #                          (the group's free outcomes; our extension, crl_jax/losses/credit.py): the paper
     #                          trains writes only, so an extractor that stops writing cannot learn to write
     #                          again; 0 = the paper
+    invalid_samples: int = 0  # malformed replies per step trained with `invalid_reward` (METHOD.md §3's option:
+    #                           drawn at random among the step's invalid ones; 0 = never trained, the reference)
+    invalid_reward: float = -1.0  # the reward of a malformed reply stored by `invalid_samples`
     update_unretrieved: str = "add"  # an UPDATE chosen when nothing was retrieved: "add" writes its entry as a new
     #                                  one (our decision: else a run can collapse into no-op UPDATEs, RESULTS.md);
     #                                  "ignore" writes nothing (the behaviour before 2026-12-02)

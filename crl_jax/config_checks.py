@@ -37,6 +37,24 @@ REMOVED_KEYS = {
 }
 
 
+def check_text_file(path: str, what: str = "file") -> None:
+    """A ConfigError naming `path` unless it is a readable UTF-8 text file (a missing file is left to the
+    caller's own message)."""
+    import os
+
+    if not os.path.exists(path):
+        return
+    if os.path.isdir(path):
+        raise ConfigError(f"{what} {path} is a folder, not a file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            f.read()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{what} {path} cannot be read ({e.strerror or e})") from None
+
+
 def drop_removed_keys(data: dict, source: str = "saved config") -> dict:
     """`data` (a nested config dict, e.g. a run folder's config.json) without the `REMOVED_KEYS`; warns
     naming the ones it dropped. Other unknown keys are left for `from_dict` to reject."""
@@ -236,6 +254,8 @@ def validate(cfg) -> None:
     need(cfg.extraction.update_unretrieved in ("add", "ignore"), "extraction.update_unretrieved",
          "must be 'add' (an UPDATE with nothing retrieved writes a new entry) or 'ignore' (it writes nothing)")
     need(cfg.extraction.return_samples >= 0, "extraction.return_samples", "must be >= 0 (0 = RETURN is never trained)")
+    need(cfg.extraction.invalid_samples >= 0, "extraction.invalid_samples",
+         "must be >= 0 (0 = a malformed reply is never trained)")
     need(0 <= cfg.extraction.min_entry < cfg.extraction.max_new_tokens, "extraction.min_entry",
          "must be in [0, extraction.max_new_tokens)")
     need(cfg.rollout.tip_window >= 0, "rollout.tip_window", "must be >= 0 (0 = the whole entry)")
@@ -263,5 +283,16 @@ def validate(cfg) -> None:
         need(m.dtype in ("float32", "bfloat16"), f"{name}.dtype", "must be float32 or bfloat16")
         need(m.truncate_layers >= 0, f"{name}.truncate_layers", "must be >= 0 (0 = every layer)")
         need(m.scan_unroll >= -1, f"{name}.scan_unroll", "must be >= -1 (0 = every layer, -1 = auto)")
+        if m.preset == "tiny":  # an LLM preset's shapes come from its folder (checked by the loader)
+            for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+                need(getattr(m, k) >= 1, f"{name}.{k}", "must be >= 1")
+            need(m.num_heads % m.num_kv_heads == 0, f"{name}.num_heads",
+                 f"must be a multiple of {name}.num_kv_heads ({m.num_heads} heads, {m.num_kv_heads} kv heads)")
+    need(cfg.bank.key_dim >= 1, "bank.key_dim", "must be >= 1")
+    # the distillation prompt holds the retrieved entry, the goal and at least five one-token labels (header,
+    # moves, outcome, old tip, op) at full size; the exact need is checked when the runtime is built
+    need(cfg.extraction.prompt_len >= cfg.bank.entry_len + 5, "extraction.prompt_len",
+         f"must hold the retrieved entry (bank.entry_len={cfg.bank.entry_len}), the goal and the prompt's labels: "
+         f">= bank.entry_len + 5 at the least")
     if cfg.method == "offline":
         need(bool(cfg.bank.offline_path), "bank.offline_path", "method=offline needs a bank file")

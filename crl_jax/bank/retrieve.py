@@ -33,8 +33,10 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
          equal similarity share a rank: r = the number of candidates with a strictly higher similarity
          (entries of one level share one key, so slot order would otherwise decide which of them is ever
          retrieved, and the usage term could not rotate through them); candidates whose score in step 3
-         ties exactly are then ordered by a uniform draw per (query, candidate) from `rng` (when given), so the
+         ties exactly are then ordered by a uniform draw per (query, slot) from `rng` (when given), so the
          guided queries of one group, which see one snapshot, spread over a level's equally used entries.
+         With `shared_ties` the cut to C also orders exact similarity ties by step 3's other terms (usage,
+         recency, the draw; then slot), so a level with more than C entries rotates through all of them.
       3. Rescore s = -r - diversity_lambda * log(1 + times_retrieved) - recent, where recent = 1 if
          the entry was retrieved in one of the `recent_steps` steps before this one
          (0 < step - last_retrieved_step <= recent_steps; -1 = never is never recent), else 0. Order candidates by s (ties: lower rank first).
@@ -66,25 +68,41 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
     eligible = eligible & qmask[:, None]
     if min_similarity is not None:
         eligible = eligible & (sim >= min_similarity)
-    cand_sim, cand_idx = jax.lax.top_k(jnp.where(eligible, sim, -jnp.inf), c)  # [Q,C]
+    last_all = bank.last_retrieved_step
+    recent_all = (last_all >= 0) & (last_all < step) & (step - last_all <= recent_steps)  # [N]
+    # (step 3's terms besides the rank, lower is better; the random draw is one per (query, slot))
+    rest_all = recent_all.astype(jnp.float32) + diversity_lambda * jnp.log1p(bank.times_retrieved.astype(jnp.float32))
+    draw = None
+    if shared_ties and rng is not None:
+        # < 1e-3: below any rank (1) or recency (1) difference and, at the default lambda = 0.4, below any
+        # usage difference (lambda * log((n + 2) / (n + 1)) >= 0.004 for n < 100), so it orders exact ties
+        draw = 1e-3 * jax.random.uniform(jax.random.fold_in(rng, 1), (q, n))
+    masked_sim = jnp.where(eligible, sim, -jnp.inf)
+    if shared_ties:
+        # The candidate cut orders exact similarity ties the way step 3 will (usage, recency, the draw; then
+        # slot): with more than C entries of one key, slot order would otherwise decide which are candidates.
+        tie_key = rest_all[None, :] - (draw if draw is not None else 0.0)
+        neg, _, idx = jax.lax.sort((-masked_sim, jnp.broadcast_to(tie_key, (q, n)),
+                                    jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (q, n))),
+                                   dimension=1, is_stable=True, num_keys=2)
+        cand_sim, cand_idx = -neg[:, :c], idx[:, :c]  # [Q,C]
+    else:
+        cand_sim, cand_idx = jax.lax.top_k(masked_sim, c)  # [Q,C]
     cand_ok = jnp.take_along_axis(eligible, cand_idx, axis=1)
     if shared_ties:
         rank = (cand_sim[:, None, :] > cand_sim[:, :, None]).sum(-1).astype(jnp.float32)  # [Q,C]
     else:
         rank = jnp.broadcast_to(jnp.arange(c, dtype=jnp.float32)[None, :], (q, c))
 
-    last = bank.last_retrieved_step[cand_idx]
-    recent = (last >= 0) & (last < step) & (step - last <= recent_steps)
+    recent = recent_all[cand_idx]
     uses = bank.times_retrieved[cand_idx].astype(jnp.float32)
     # rank + recent is an exact small integer, so candidates whose usage is equal tie exactly and the
     # lower rank (with shared ties: the lower candidate position, or the random draw below) wins,
     # independent of float rounding order.
     int_penalty = rank + recent.astype(jnp.float32)
     score = -int_penalty - diversity_lambda * jnp.log1p(uses)
-    if shared_ties and rng is not None:
-        # < 1e-3: below any rank (1) or recency (1) difference and, at the default lambda = 0.4, below any
-        # usage difference (lambda * log((n + 2) / (n + 1)) >= 0.004 for n < 100), so it orders exact ties
-        score = score + 1e-3 * jax.random.uniform(jax.random.fold_in(rng, 1), score.shape)
+    if draw is not None:
+        score = score + jnp.take_along_axis(draw, cand_idx, axis=1)
     score = jnp.where(cand_ok, score, -jnp.inf)
 
     j = min(k + 1, c)  # one extra position so a demoted top-1 has a successor

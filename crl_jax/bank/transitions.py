@@ -170,8 +170,9 @@ def apply_merge(bank: ExperienceBank, source_slots, merged_tokens, merged_length
 
     The valid source slots are invalidated first (duplicates count once), then the masked-in merged rows are
     added in index order (reusing the freed slots), each with key = normalised mean of the valid sources'
-    keys, task `task` and source `source` (the merge generation). With no valid source slot there is
-    nothing to merge: the bank is unchanged and new_slots are all -1.
+    keys (their common key, bit for bit, when they all have exactly the same one), task `task` and source
+    `source` (the merge generation). With no valid source slot there is nothing to merge: the bank is
+    unchanged and new_slots are all -1.
     """
     chex.assert_rank(source_slots, 1)
     chex.assert_rank(merged_tokens, 2)
@@ -187,6 +188,12 @@ def apply_merge(bank: ExperienceBank, source_slots, merged_tokens, merged_length
     new_bank, slots = add_many(
         invalidated, merged_tokens, merged_lengths, jnp.broadcast_to(merged_key, (m, bank.key_dim)),
         jnp.full((m,), task, jnp.int32), step, jnp.full((m,), source, jnp.int32), mask, eviction=eviction, rng=rng)
+    # sources that share one key (one level's entries) pass it on bit for bit: the normalised mean, and even
+    # a renormalised unit key (`add`), can be a few ulps off, and retrieval's shared tie ranks compare exactly
+    first_key = bank.keys[jnp.argmax(picked)]
+    same_key = jnp.all(jnp.where(picked[:, None], bank.keys == first_key[None, :], True))
+    new_bank = new_bank.replace(keys=new_bank.keys.at[jnp.where(same_key & (slots >= 0), slots, n)].set(
+        first_key, mode="drop"))
     return _select(any_src, new_bank, bank), slots
 
 

@@ -16,6 +16,10 @@ also go into the buffer, already credited with `credit.return_values` (what play
 in the episode's group): the extractor then learns when writing beats not writing, and a run whose
 extractor stopped writing still has samples that can teach it to write again. A tiny RETURN sample is
 its op token alone (what follows it is never read); an LLM one is its whole reply.
+With `extraction.invalid_samples = n > 0` (METHOD.md §3's option) up to n malformed replies per step go into
+the buffer credited with `extraction.invalid_reward` (-1): the extractor is taught not to write them.
+An `<UPDATE>` whose entry this step's pruning removed is resolved as one with nothing retrieved
+(`update_targets`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,19 @@ class DistillOut(NamedTuple):
     n_add_failed: jax.Array  # adds / updates written from failed episodes (what RL should learn to avoid)
     n_return_trained: jax.Array = jnp.int32(0)  # no-write decisions stored with their reward (return_samples)
     n_update_unretrieved: jax.Array = jnp.int32(0)  # UPDATEs chosen with nothing retrieved (`resolve_ops`)
+    n_invalid_trained: jax.Array = jnp.int32(0)  # malformed replies stored with `invalid_reward` (invalid_samples)
+
+
+def store_invalid(rt, buffer, invalid, prompts, plen, resp, rlen, logp, key, step):
+    """Up to `extraction.invalid_samples` of the malformed replies `invalid` [N] (drawn uniformly) into the
+    buffer, each credited once with `extraction.invalid_reward`, their whole reply trained -> (buffer, count)."""
+    n = rt.cfg.extraction.invalid_samples
+    if n <= 0:
+        return buffer, jnp.int32(0)
+    value = jnp.full(invalid.shape, rt.cfg.extraction.invalid_reward, jnp.float32)
+    buffer, stored = store_returns(buffer, invalid, prompts, plen, resp, rlen, logp, value, jnp.ones_like(invalid),
+                                   n, jax.random.fold_in(key, 8), step)
+    return buffer, jnp.sum(stored).astype(jnp.int32)
 
 
 def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, has_exp):
@@ -81,13 +98,23 @@ def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, 
     return jax.vmap(one)(task_tokens, task_len, moves, n_moves, success, exp, exp_len, has_exp)
 
 
-def apply_operations(bank_ops: bank_lib.BankOps, bank, writes, op, entry, entry_len, keys, slots, ids, key, step):
+def update_targets(bank, has_exp, slots):
+    """[N] bool: the entry an episode retrieved (`slots` [N], where `has_exp`) is still in `bank` — this
+    step's pruning may have removed it before distillation. An UPDATE without a target is resolved like one
+    chosen where nothing was retrieved (`resolve_ops`): written as a new entry, or not at all."""
+    return has_exp & bank.valid[jnp.clip(slots, 0, bank.valid.shape[0] - 1)]
+
+
+def apply_operations(bank_ops: bank_lib.BankOps, bank, writes, op, entry, entry_len, keys, slots, ids, key, step,
+                     fallback_add: bool = False):
     """Apply operations in order (a `lax.scan` over the leading axis [M]): where `writes`, `op` ADD adds
     `entry` under `keys` (family 0; a full bank evicts by `bank_ops`' policy), UPDATE rewrites the entry in
     `slots`; `ids` become the entries' source. `bank_ops`: a Runtime's `rt.bank_ops`.
 
     An update must not rewrite a slot that an earlier add of the same call has reused: it is pinned to the
-    insertion counter the entry had before the call (`bank.update(expect_order=...)`).
+    insertion counter the entry had before the call (`bank.update(expect_order=...)`). Such an update (its
+    entry evicted by an earlier add of the call) is written as an add with `fallback_add`
+    (`extraction.update_unretrieved="add"`), and is dropped otherwise.
     """
     orders = bank.insert_order[jnp.maximum(slots, 0)]
 
@@ -95,7 +122,10 @@ def apply_operations(bank_ops: bank_lib.BankOps, bank, writes, op, entry, entry_
         w, o, e, el, k, s, sid, order, i = xs
         added, _ = bank_ops.add(b, e, el, k, jnp.int32(0), step, sid, rng=jax.random.fold_in(key, 1000 + i))
         updated = bank_ops.update(b, s, e, el, step, sid, expect_order=order)
-        nb = jax.tree_util.tree_map(lambda a, u: jnp.where(o == ADD, a, u), added, updated)
+        safe = jnp.clip(s, 0, b.valid.shape[0] - 1)
+        gone = ~(b.valid[safe] & (b.insert_order[safe] == order))  # the entry to rewrite is not there any more
+        as_add = (o == ADD) | (fallback_add & gone)
+        nb = jax.tree_util.tree_map(lambda a, u: jnp.where(as_add, a, u), added, updated)
         return jax.tree_util.tree_map(lambda n_, o_: jnp.where(w, n_, o_), nb, b), None
 
     bank, _ = jax.lax.scan(apply_one, bank, (writes, op, entry, entry_len, keys, slots, ids, orders,
@@ -137,14 +167,16 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     resp, logp, rlen = sample_tokens(rt.extractor_graphdef, eparams, prompts, plen, key, scfg, allowed)
     chosen, entry, entry_len, valid = jax.vmap(
         lambda r, n: parse_constrained(r, n, rt.tiny.op_ids, rt.tokenizer.eos_id, cfg.bank.entry_len))(resp, rlen)
-    op = resolve_ops(chosen, has_exp, cfg.extraction.update_unretrieved)
-    writes = mask & valid & ((op == ADD) | ((op == UPDATE) & has_exp))
+    target = update_targets(bank, has_exp, slots)
+    op = resolve_ops(chosen, target, cfg.extraction.update_unretrieved)
+    writes = mask & valid & ((op == ADD) | ((op == UPDATE) & target))
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]  # the buffer may be wider (merge samples)
     pad2 = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))  # noqa: E731
     buffer, ids = rt.buffer_ops.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step,
                                          writes)
 
-    bank = apply_operations(rt.bank_ops, bank, writes, op, entry, entry_len, keys, slots, ids, key, step)
+    bank = apply_operations(rt.bank_ops, bank, writes, op, entry, entry_len, keys, slots, ids, key, step,
+                            fallback_add=cfg.extraction.update_unretrieved == "add")
     n_ret_trained = jnp.int32(0)
     if return_value is not None and cfg.extraction.return_samples > 0:
         buffer, stored = store_returns(buffer, mask & valid & ~writes, prompts, plen, resp,
@@ -152,8 +184,9 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
                                        cfg.extraction.return_samples, jax.random.fold_in(key, 7), step)
         n_ret_trained = jnp.sum(stored)
     n_invalid = jnp.sum(mask & ~valid)
+    buffer, n_inv_trained = store_invalid(rt, buffer, mask & ~valid, prompts, plen, resp, rlen, logp, key, step)
     n_add = jnp.sum(writes & (op == ADD))
     n_update = jnp.sum(writes & (op == UPDATE))
     n_failed = jnp.sum(writes & ~episodes.success.astype(bool))
     return DistillOut(bank, buffer, n_add, n_update, jnp.sum(mask) - n_add - n_update - n_invalid, n_invalid,
-                      n_failed, n_ret_trained, jnp.sum(mask & valid & (chosen == UPDATE) & ~has_exp))
+                      n_failed, n_ret_trained, jnp.sum(mask & valid & (chosen == UPDATE) & ~has_exp), n_inv_trained)

@@ -80,7 +80,11 @@ def grouped_order(bank, family, chunk: int, num_chunks: int, min_similarity):
     An entry's group is its anchor: the oldest valid entry of the family whose key has cosine >=
     `min_similarity` with its own (itself if none is older). Groups are laid out by anchor age, each from
     a fresh chunk, members oldest first; a chunk that starts a group starts a new carry window. Entries
-    of one level share a key (its query), so a merge never combines two levels' entries.
+    of one level share a key (its query), so a merge never combines two levels' entries. An entry that would
+    sit alone in its chunk (a group of one, or a group's tail of one) is not laid out: `merge_family` never
+    rewrites a lone entry (the carry is context only, so it has nothing to merge with), so it takes no
+    chunk. With `num_chunks >= grouped_chunk_bound(capacity, chunk)` every other entry of the family gets
+    its chunk; a smaller `num_chunks` (merge_max_chunks) keeps the oldest groups' chunks.
     """
     N = bank.capacity
     member = bank.valid & (bank.task == family)
@@ -94,16 +98,31 @@ def grouped_order(bank, family, chunk: int, num_chunks: int, min_similarity):
     a_s, m_s = anchor_age[srt], member[srt]
     k = jnp.arange(N)
     new = m_s & ((k == 0) | (a_s != jnp.roll(a_s, 1)))
-    grp = jnp.cumsum(new) - 1
+    grp = jnp.maximum(jnp.cumsum(new) - 1, 0)
     first = jax.lax.cummax(jnp.where(new, k, 0))
     rank = k - first
-    sizes = jax.ops.segment_sum(m_s.astype(jnp.int32), jnp.maximum(grp, 0), num_segments=N)
-    nchunks = -(-sizes // chunk)
+    sizes = jax.ops.segment_sum(m_s.astype(jnp.int32), grp, num_segments=N)
+    nchunks = sizes // chunk + (sizes % chunk >= 2)  # full chunks, and the tail when it holds >= 2 entries
     start = jnp.cumsum(nchunks) - nchunks  # first chunk of each group
-    pos = jnp.where(m_s, start[jnp.maximum(grp, 0)] * chunk + rank, num_chunks * chunk)
+    laid = m_s & (rank // chunk < nchunks[grp])  # not a lone entry
+    pos = jnp.where(laid, start[grp] * chunk + rank, num_chunks * chunk)
     slots = jnp.full((num_chunks * chunk,), -1, jnp.int32).at[pos].set(srt.astype(jnp.int32), mode="drop")
-    gs = jnp.zeros((num_chunks,), bool).at[jnp.where(sizes > 0, start, num_chunks)].set(True, mode="drop")
+    gs = jnp.zeros((num_chunks,), bool).at[jnp.where(nchunks > 0, start, num_chunks)].set(True, mode="drop")
     return slots, gs
+
+
+def grouped_chunk_bound(capacity: int, chunk: int) -> int:
+    """Static number of chunks that holds every chunk `grouped_order` lays out, for any bank of `capacity`.
+
+    Group g of n_g entries takes floor(n_g / chunk) chunks, plus one for a tail of >= 2 entries: every
+    chunk laid out holds >= 2 of the family's (distinct) entries, so there are at most floor(N / 2) of
+    them (N = capacity), and banks of N / 2 two-entry groups take exactly that many. The ungrouped bound
+    ceil(N / chunk) is too small: a fresh chunk per group needs sum_g ceil(n_g / chunk) chunks, up to
+    ceil(N / chunk) + (number of groups) - 1. Chunks past the last group's are empty and skip the
+    generation (`lax.cond` in `merge_family`; under a vmap over seeds the cond becomes a select and every
+    slot generates). chunk = 1 lays nothing out (1 slot kept: shapes >= 1).
+    """
+    return max(1, capacity // 2) if chunk >= 2 else 1
 
 
 def _empty():
@@ -119,14 +138,17 @@ def merge_family(bank, family, generate_fn: Callable, key, step, *, header_token
 
     header_tokens / entry_sep / context_prefix / entries_prefix / suffix: token segments
     (`(tokens[Li], length)` or a bare array). max_prompt: static prompt buffer P; it must hold the layout
-    at full size (checked). max_chunks: static, default ceil(capacity / chunk). min_similarity: chunks
-    hold only entries of one key group (`grouped_order`), the carry restarts with each group, and a chunk
-    with a single entry is not rewritten.
+    at full size (checked). max_chunks: static, default ceil(capacity / chunk), or with min_similarity
+    `grouped_chunk_bound(capacity, chunk)`. min_similarity: chunks hold only entries of one key group
+    (`grouped_order`), the carry restarts with each group, and a single entry is not rewritten.
     fixed_width: every entry in the prompt takes its full `entry_len` slots (padding included), so the
     tokens of the newest entry sit at fixed distances from the answer (the compact view's layout).
     """
     N, L = bank.capacity, bank.entry_len
-    C = max_chunks if max_chunks is not None else -(-N // chunk)
+    if max_chunks is not None:
+        C = max_chunks
+    else:
+        C = -(-N // chunk) if min_similarity is None else grouped_chunk_bound(N, chunk)
     M = max_entries_out
     if chunk < 1 or M < 1 or C < 1:
         raise ValueError(f"merge_family: chunk ({chunk}), max_entries_out ({M}) and max_chunks ({C}) must be >= 1")
@@ -188,7 +210,7 @@ def merge_family(bank, family, generate_fn: Callable, key, step, *, header_token
         present = cslots >= 0
         n_src = jnp.sum(present).astype(jnp.int32)
         # grouped chunks: a group's lone entry has nothing to merge with and is left as it is (its credit
-        # stays with the generation that wrote it)
+        # stays with the generation that wrote it); grouped_order does not lay such chunks out, this guards
         attempted = n_src > (1 if min_similarity is not None else 0)
         prompt, plen = prompt_for(b0, carry, cslots)
 

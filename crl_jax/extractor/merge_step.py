@@ -15,7 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from crl_jax.extractor.merge import merge_bank
+from crl_jax.extractor.merge import grouped_chunk_bound, merge_bank
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
 Piece = tuple[jax.Array, jax.Array]  # (tokens [L] int32, length [] int32) of one fixed prompt piece
@@ -48,9 +48,17 @@ def merge_prompt_len(cfg, pieces: MergePieces, max_out: int | None = None) -> in
     return fixed + (max_out + e.merge_chunk) * (int(pieces.sep[0].shape[0]) + b.entry_len)
 
 
+def merge_similarity(cfg):
+    """`merge_family(min_similarity=)`: the bank's similarity floor, None when off (chunks then ignore keys)."""
+    return cfg.bank.min_similarity if cfg.bank.min_similarity > -1.0 else None
+
+
 def max_chunks(cfg) -> int:
-    """Chunks visited per merge (static): the whole bank, or `merge_max_chunks` of its oldest entries."""
-    whole = -(-cfg.bank.capacity // cfg.extraction.merge_chunk)
+    """Chunks visited per merge (static): the whole bank, or `merge_max_chunks` of its oldest entries.
+    The whole bank is ceil(capacity / chunk) chunks, or with the similarity floor on (each key group from a
+    fresh chunk) `merge.grouped_chunk_bound` = capacity // 2 (empty chunks skip the generation)."""
+    N, c = cfg.bank.capacity, cfg.extraction.merge_chunk
+    whole = -(-N // c) if merge_similarity(cfg) is None else grouped_chunk_bound(N, c)
     m = cfg.extraction.merge_max_chunks
     return whole if m <= 0 else min(m, whole)
 
@@ -68,7 +76,7 @@ def merge_into(rt, bank, buffer, key, step, *, generate_fn, max_out: int, parse_
                          max_prompt=merge_prompt_len(cfg, p, max_out), max_entries_out=max_out, op_ids=op_ids,
                          eos_id=rt.tokenizer.eos_id, chunk=cfg.extraction.merge_chunk, max_chunks=max_chunks(cfg),
                          pad_id=rt.tokenizer.pad_id, parse_fn=parse_fn,
-                         min_similarity=cfg.bank.min_similarity if cfg.bank.min_similarity > -1.0 else None,
+                         min_similarity=merge_similarity(cfg),
                          fixed_width=fixed_width)
     flat = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), s)
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]

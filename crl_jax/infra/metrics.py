@@ -25,7 +25,7 @@ COLUMNS = ("step", "env_steps", "success_guided", "success_free", "eval_heldin_w
 EXTRA = ("success_all", "retrieved_frac", "episode_turns", "ops_add", "ops_update", "ops_return", "ops_invalid",
          "merged_entries", "buffer_overflow", "extractor_ready", "adv_abs_mean", "actor/clip_frac",
          "actor/approx_kl", "actor/entropy", "extractor/ratio_mean", "actor/nonfinite", "extractor/nonfinite",
-         "ops_return_trained", "ops_update_unretrieved")
+         "ops_return_trained", "ops_update_unretrieved", "ops_invalid_trained")
 ALL_COLUMNS = COLUMNS + EXTRA
 
 
@@ -76,7 +76,11 @@ class MetricsWriter:
         short by a kill mid-write, are dropped)."""
         if not os.path.exists(self.path):
             return
-        keep = [r for r in read_csv(self.path) if _complete(r) and int(r["step"]) <= step]
+        with open(self.path, newline="") as f:
+            reader = csv.DictReader(f)
+            # (complete against the file's own header: a run written before a column was added keeps its rows,
+            # the new column empty)
+            keep = [r for r in reader if _complete(r, reader.fieldnames or ()) and int(r["step"]) <= step]
         tmp = self.path + ".tmp"
         with open(tmp, "w", newline="") as f:
             w = csv.writer(f)
@@ -106,9 +110,10 @@ class MetricsWriter:
             self._tb.close()
 
 
-def _complete(row: dict) -> bool:
-    """A CSV row with every column and an integer step (not one cut short by a kill mid-write)."""
-    if None in row or any(row.get(c) is None for c in ALL_COLUMNS):
+def _complete(row: dict, fields) -> bool:
+    """A CSV row with every column of its file's header `fields` and an integer step (not one cut short by a
+    kill mid-write)."""
+    if None in row or "step" not in fields or any(row.get(c) is None for c in fields):
         return False
     return row["step"].isdigit()
 

@@ -6,9 +6,10 @@ They compute the policy's log-probs of the trained tokens and hand them to the p
 `crl_jax.losses` (`ppo_clip_loss_parts`, `cispo_loss_parts`). Two families, one per batch format:
 
 Full-sequence (the LLM path; `ActorBatch` / `ExtractorBatch` of `train_state`): `actor_ppo_loss(cfg)`,
-`extractor_cispo_loss(cfg)` score every response token under the model's full-vocabulary distribution
-(`train_state.token_logprobs`; with the batch's static bound on trained tokens, `ActorBatch.trained_width` /
-`ExtractorBatch.response_width`, the vocabulary head runs over those tokens only, `compact_token_logprobs`).
+`extractor_cispo_loss(cfg)` score every response token under the model's full-vocabulary distribution at the
+temperature it was sampled at (`PPOLossConfig.temperature`; `train_state.token_logprobs`; with the batch's static
+bound on trained tokens, `ActorBatch.trained_width` / `ExtractorBatch.response_width`, the vocabulary head runs
+over those tokens only, `compact_token_logprobs`).
 Both losses are sums of per-token terms, so by default (`fused_head`) a transformer's head computes their gradient
 in its forward pass (`train_state.token_loss`: three vocabulary matmuls, not four); with PPO's ratio "sequence" a
 term depends on its whole row, and the head's chunks hold whole rows (`rowwise`).
@@ -62,6 +63,9 @@ class PPOLossConfig:
     # three vocabulary matmul passes, not four); ratio "sequence" too, the head's chunks holding whole rows
     fused_head: bool = True
     head_chunk: int = 1024  # rows per chunk of the fused head (`train_state.token_loss`; `LossConfig.head_chunk`)
+    # the temperature the replies were sampled at (`actor.temperature`): the log-probs are those of the softmax of
+    # logits / temperature, as the stored behaviour log-probs are; 0 (greedy) scores at 1, as the sampler does
+    temperature: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,13 @@ class CISPOLossConfig:
     entropy_metric: bool = True
     fused_head: bool = True  # as PPOLossConfig.fused_head (CISPO is always a sum of per-token terms)
     head_chunk: int = 1024  # as PPOLossConfig.head_chunk
+    temperature: float = 1.0  # as PPOLossConfig.temperature (`extraction.temperature`)
+
+
+def _score_temperature(temperature: float) -> float:
+    """The temperature the learner scores sampled tokens at: the sampling one, and 1 for greedy (0), whose stored
+    log-probs are those of the untempered softmax (`token_draw.sample_logits`; `masked_log_softmax` alike)."""
+    return 1.0 if temperature == 0.0 else float(temperature)
 
 
 def _trained_mask(batch):
@@ -78,12 +89,14 @@ def _trained_mask(batch):
     return batch.loss_mask.astype(bool) & (jnp.arange(batch.tokens.shape[1]) >= 1)[None, :]
 
 
-def _logprobs(graphdef, params, tokens, mask, bound, with_entropy):
-    """Log-probs (and entropies) of the trained tokens: the head over at most `bound` positions per row when the
-    batch gives that static bound and it is shorter than the sequence (`compact_token_logprobs`), else over all."""
+def _logprobs(graphdef, params, tokens, mask, bound, with_entropy, temperature):
+    """Log-probs (and entropies) of the trained tokens at `temperature`: the head over at most `bound` positions
+    per row when the batch gives that static bound and it is shorter than the sequence (`compact_token_logprobs`),
+    else over all."""
+    kw = dict(with_entropy=with_entropy, temperature=temperature)
     if bound is not None and bound < tokens.shape[1] - 1:
-        return compact_token_logprobs(graphdef, params, tokens, mask, bound, with_entropy=with_entropy)
-    return token_logprobs(graphdef, params, tokens, mask, with_entropy=with_entropy)
+        return compact_token_logprobs(graphdef, params, tokens, mask, bound, **kw)
+    return token_logprobs(graphdef, params, tokens, mask, **kw)
 
 
 def _has_head(graphdef, params) -> bool:
@@ -109,6 +122,8 @@ def actor_ppo_loss(cfg: PPOLossConfig = PPOLossConfig()) -> LossFn:
         return losses.ppo_sequence_terms(lp, x["behavior"], x["adv"], x["coef"], valid, clip_eps=cfg.clip_eps,
                                          ref_logp=x.get("ref"), kl_coef=cfg.kl_coef)
 
+    temp = _score_temperature(cfg.temperature)
+
     def fn(graphdef, params, batch: ActorBatch):
         mask = _trained_mask(batch)
         fused = cfg.fused_head and _has_head(graphdef, params)
@@ -119,9 +134,10 @@ def actor_ppo_loss(cfg: PPOLossConfig = PPOLossConfig()) -> LossFn:
                 aux["ref"] = batch.ref_logp
             seq = cfg.ratio == "sequence"
             total, logp, ent = token_loss(graphdef, params, batch.tokens, mask, row_fn if seq else token_fn, aux,
-                                          max_trained=batch.trained_width, rowwise=seq, head_chunk=cfg.head_chunk)
+                                          max_trained=batch.trained_width, rowwise=seq, head_chunk=cfg.head_chunk,
+                                          temperature=temp)
         else:
-            logp, ent = _logprobs(graphdef, params, batch.tokens, mask, batch.trained_width, cfg.entropy_metric)
+            logp, ent = _logprobs(graphdef, params, batch.tokens, mask, batch.trained_width, cfg.entropy_metric, temp)
         num, den, metrics = losses.ppo_clip_loss_parts(
             logp, batch.behavior_logp, batch.advantages, mask, clip_eps=cfg.clip_eps, ratio=cfg.ratio,
             aggregation=cfg.aggregation, sample_weight=batch.weight, entropy_t=ent if cfg.entropy_metric else None,
@@ -141,15 +157,18 @@ def extractor_cispo_loss(cfg: CISPOLossConfig = CISPOLossConfig()) -> LossFn:
         log_r = lp - x["behavior"]
         return losses.cispo_token_loss(lp, log_r, x["adv"], jnp.ones(lp.shape, bool), cfg.eps_low, cfg.eps_high)
 
+    temp = _score_temperature(cfg.temperature)
+
     def fn(graphdef, params, batch: ExtractorBatch):
         mask = _trained_mask(batch)
         fused = cfg.fused_head and _has_head(graphdef, params)
         if fused:
             aux = dict(behavior=batch.behavior_logp, adv=_row(batch.advantages, mask))
             total, logp, ent = token_loss(graphdef, params, batch.tokens, mask, token_fn, aux,
-                                          max_trained=batch.response_width, head_chunk=cfg.head_chunk)
+                                          max_trained=batch.response_width, head_chunk=cfg.head_chunk,
+                                          temperature=temp)
         else:
-            logp, ent = _logprobs(graphdef, params, batch.tokens, mask, batch.response_width, cfg.entropy_metric)
+            logp, ent = _logprobs(graphdef, params, batch.tokens, mask, batch.response_width, cfg.entropy_metric, temp)
         num, den, metrics = losses.cispo_loss_parts(
             logp, batch.behavior_logp, batch.advantages, mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
             entropy_t=ent if cfg.entropy_metric else None)
@@ -214,12 +233,17 @@ def actor_prior_loss(graphdef, params, rows: PriorRows, allowed, temperature: fl
 
 
 def episode_mean(x, episode, weight):
-    """Per-row mean of x over the rows of the same episode that have weight > 0 -> [B]."""
+    """Per-row mean of x over the rows of the same episode that have weight > 0 -> [B]. Only equality of the
+    ids counts, not their values: the batch holds global episode ids (`batches.actor_batch`: [0, G*K)), and after
+    row sampling or minibatching a call sees fewer rows than the largest id, so the ids are renumbered
+    0..(distinct - 1) within the call (`jnp.unique` with the static size B) before the segment sums."""
     use = weight > 0
     n = x.shape[0]
-    tot = jax.ops.segment_sum(jnp.where(use, x, 0.0), episode, num_segments=n)
-    cnt = jax.ops.segment_sum(use.astype(jnp.float32), episode, num_segments=n)
-    return (tot / jnp.maximum(cnt, 1.0))[episode]
+    _, local = jnp.unique(episode, size=n, return_inverse=True)
+    local = local.reshape(n)
+    tot = jax.ops.segment_sum(jnp.where(use, x, 0.0), local, num_segments=n)
+    cnt = jax.ops.segment_sum(use.astype(jnp.float32), local, num_segments=n)
+    return (tot / jnp.maximum(cnt, 1.0))[local]
 
 
 def actor_turn_loss(allowed, *, clip_eps=0.2, temperature=1.0, ratio="token", aux_coef=0.0,

@@ -118,11 +118,13 @@ def response_mask(prompt_len: jax.Array, length: jax.Array, seq_len: int) -> jax
     return (t >= prompt_len[:, None]) & (t < length[:, None])
 
 
-def token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, *, with_entropy: bool = False):
+def token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, *, with_entropy: bool = False,
+                   temperature: float = 1.0):
     """Per-token log-probs from one full forward pass of the model.
 
-    logp[b, t] = log_softmax(logits[b, t - 1])[tokens[b, t]] where mask[b, t] and t >= 1, else 0;
-    entropy[b, t] (if asked; no gradient) is the entropy of that same distribution.
+    logp[b, t] = log_softmax(logits[b, t - 1] / temperature)[tokens[b, t]] where mask[b, t] and t >= 1, else 0;
+    entropy[b, t] (if asked; no gradient) is the entropy of that same distribution. temperature > 0: the one the
+    tokens were sampled at (`loss_fns` maps a greedy 0 to 1, the sampler's greedy log-probs).
     tokens, mask [B, T] -> logp [B, T] float32, entropy [B, T] float32 or None.
 
     A model with `unembed_matrix` (the transformer) is scored from its final hidden states with
@@ -133,9 +135,10 @@ def token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, *, with
     model = nnx.merge(graphdef, params)
     if hasattr(model, "unembed_matrix"):
         h, _, pick, back = _predicting_rows(model(tokens, return_hidden=True), mask, None)  # h [B, T-1, H]
-        lp, ent = chunked_logprobs(h, model.unembed_matrix(), pick(tokens).astype(jnp.int32), with_entropy=with_entropy)
+        lp, ent = chunked_logprobs(h, model.unembed_matrix(), pick(tokens).astype(jnp.int32), with_entropy=with_entropy,
+                                   temperature=temperature)
     else:  # any other module returning logits
-        logits, _, pick, back = _predicting_rows(model(tokens).astype(_F32), mask, None)
+        logits, _, pick, back = _predicting_rows(model(tokens).astype(_F32) / temperature, mask, None)
         tgt = pick(tokens).astype(jnp.int32)
         lp = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0] - jax.nn.logsumexp(logits, axis=-1)
         ent = jax.lax.stop_gradient(losses.token_entropy(logits)) if with_entropy else None
@@ -170,7 +173,7 @@ def _predicting_rows(x: jax.Array, mask: jax.Array, max_trained: int | None):
 
 
 def compact_token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, max_trained: int, *,
-                           with_entropy: bool = False):
+                           with_entropy: bool = False, temperature: float = 1.0):
     """`token_logprobs` when no row has more than `max_trained` trained positions: the forward pass is the same
     (`model(tokens, return_hidden=True)`, which keeps the backend's fused attention), but the vocabulary head runs
     for each row's trained positions only, gathered into `max_trained` slots, not for its prompt or observation
@@ -181,12 +184,13 @@ def compact_token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array,
     chex.assert_equal_shape([tokens, mask])
     model = nnx.merge(graphdef, params)
     hk, _, pick, back = _predicting_rows(model(tokens, return_hidden=True), mask, max_trained)
-    lp, ent = chunked_logprobs(hk, model.unembed_matrix(), pick(tokens).astype(jnp.int32), with_entropy=with_entropy)
+    lp, ent = chunked_logprobs(hk, model.unembed_matrix(), pick(tokens).astype(jnp.int32), with_entropy=with_entropy,
+                               temperature=temperature)
     return back(lp), (back(ent) if with_entropy else None)
 
 
 def token_loss(graphdef, params, tokens: jax.Array, mask: jax.Array, token_fn, aux, *, max_trained: int | None = None,
-               rowwise: bool = False, head_chunk: int = 1024):
+               rowwise: bool = False, head_chunk: int = 1024, temperature: float = 1.0):
     """sum over trained tokens (mask, t >= 1) of token_fn(logp, aux) for a transformer, the head's gradient taken in
     its forward pass (`head_loss.fused_token_loss`: three vocabulary matmul passes, not four). token_fn must be
     elementwise over tokens; aux: a pytree of [B, T] arrays aligned with tokens. `max_trained`: as
@@ -194,6 +198,7 @@ def token_loss(graphdef, params, tokens: jax.Array, mask: jax.Array, token_fn, a
     depend on every trained token of its row (a sequence-level ratio): token_fn(logp [c, K], aux [c, K],
     valid [c, K]) then sees whole rows' K slots, a head chunk holding whole rows. `head_chunk`: rows per head chunk
     (`fused_token_loss`'s token_chunk: its [r, V] float32 logits against how often the [H, V] gradient is added to).
+    `temperature` > 0: logp under softmax(logits / temperature), the distribution the tokens were sampled from.
     Returns (total with gradients, logp [B, T], entropy [B, T]), the last two without gradient and 0 off the mask."""
     chex.assert_rank([tokens, mask], 2)
     chex.assert_equal_shape([tokens, mask])
@@ -203,7 +208,7 @@ def token_loss(graphdef, params, tokens: jax.Array, mask: jax.Array, token_fn, a
     flat = lambda x: x.reshape((B * K,) + x.shape[2:])  # noqa: E731
     total, lp, ent = fused_token_loss(flat(hk), model.unembed_matrix(), flat(pick(tokens)), flat(slot_valid), token_fn,
                                       jax.tree.map(lambda a: flat(pick(a)), aux), group=K if rowwise else 1,
-                                      token_chunk=head_chunk)
+                                      token_chunk=head_chunk, temperature=temperature)
     return total, back(lp.reshape(B, K)), back(ent.reshape(B, K))
 
 

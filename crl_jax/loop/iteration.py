@@ -193,7 +193,9 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
 
     # 5. distillation (skipped at run time for methods that do not edit the bank); a RETURN decision's reward
     # is what its group's free rollouts earned (stored only with extraction.return_samples > 0)
-    mask = has_exp if cfg.extraction.distill == "guided_only" else jnp.ones((N,), bool)
+    # ("guided_only": the episodes of the guided subgroup, whether or not their query found an entry; with
+    # `has_exp` an empty bank, or a level with no entry, would never get its first one)
+    mask = guided if cfg.extraction.distill == "guided_only" else jnp.ones((N,), bool)
     ret_value, ret_ok = credit.return_values(cfg.extraction.reward, success.reshape(G, K), guided.reshape(G, K))
 
     def do_distill(bb):
@@ -201,10 +203,11 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
                        task_len=p.task_len, episodes=ep, keys=p.q, exp=p.exp, exp_len=p.exp_len, has_exp=has_exp,
                        slots=slots, mask=mask, return_value=ret_value.reshape(N), return_ok=ret_ok.reshape(N))
         return d.bank, d.buffer, jnp.stack([d.n_add, d.n_update, d.n_return, d.n_invalid,
-                                            d.n_add_failed, d.n_return_trained, d.n_update_unretrieved]).astype(jnp.int32)
+                                            d.n_add_failed, d.n_return_trained, d.n_update_unretrieved,
+                                            d.n_invalid_trained]).astype(jnp.int32)
 
     bank, buffer, ops = jax.lax.cond(flags.edits_bank, do_distill,
-                                     lambda bb: (bb[0], bb[1], jnp.zeros((7,), jnp.int32)), (bank, buffer))
+                                     lambda bb: (bb[0], bb[1], jnp.zeros((8,), jnp.int32)), (bank, buffer))
     n_add, n_upd, n_ret, n_inv = ops[0], ops[1], ops[2], ops[3]
     n_failed_ep = jnp.sum(~ep.success.astype(bool) & mask)
 
@@ -232,6 +235,7 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
         "ops_add": n_add.astype(jnp.float32), "ops_update": n_upd.astype(jnp.float32),
         "ops_return": n_ret.astype(jnp.float32), "ops_invalid": n_inv.astype(jnp.float32),
         "ops_return_trained": ops[5].astype(jnp.float32), "ops_update_unretrieved": ops[6].astype(jnp.float32),
+        "ops_invalid_trained": ops[7].astype(jnp.float32),
         "write_rate_failed": jnp.where(flags.edits_bank & (n_failed_ep > 0),
                                        ops[4] / jnp.maximum(n_failed_ep, 1), jnp.nan).astype(jnp.float32),
         "merged_entries": n_merged.astype(jnp.float32),

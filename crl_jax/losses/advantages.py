@@ -22,12 +22,21 @@ def _safe_div(num, den):
 # Advantages
 
 
+def _constant(r, member):
+    """[..., 1] bool: the members' values along the last axis are all equal (max == min; False when none)."""
+    hi = jnp.max(jnp.where(member, r, -jnp.inf), axis=-1, keepdims=True)
+    lo = jnp.min(jnp.where(member, r, jnp.inf), axis=-1, keepdims=True)
+    return hi == lo
+
+
 def _normalise(r, member, normalize: str, eps: float):
-    """(r - mean_S) [/ (std_S + eps)] over the members S (bool, same shape) along the last axis."""
+    """(r - mean_S) [/ (std_S + eps)] over the members S (bool, same shape) along the last axis. An exactly
+    constant S gives exactly 0: its float32 mean can miss the common value by an ulp (0.11 or 7.3 three times),
+    and the division by std + eps would blow that ulp up to ~0.3."""
     m = member.astype(_F32)
     n = m.sum(-1, keepdims=True)
     mean = _safe_div((r * m).sum(-1, keepdims=True), n)
-    centred = r - mean
+    centred = jnp.where(_constant(r, member), 0.0, r - mean)
     if normalize == "mean":
         return centred
     if normalize != "mean_std":
@@ -92,15 +101,20 @@ def repeat_weights(times_trained: jax.Array, last_trained_step: jax.Array, step,
                    power: float = 0.5) -> jax.Array:
     """Down-weighting of extractor samples that were already trained on (METHOD.md step 7).
 
-    w_i = 0                           if last_i >= 0 and step - last_i < cooldown
+    w_i = 0                           if last_i >= 0 and step - last_i <= cooldown
     w_i = (1 + times_trained_i)^-power otherwise
-    A never-trained sample has last_trained_step = -1 and is never in cooldown.
+    With the default cooldown 1 a sample trained at this step or the previous one weighs 0; cooldown 0: this
+    step only. A never-trained sample has last_trained_step = -1 and is never in cooldown.
     times_trained, last_trained_step [N] -> [N] float32.
+
+    Deviates from DESIGN.md's `step - last < cooldown`: the loop pops the buffer once per step, so no sample is
+    trained twice in one step and with cooldown 1 that formula never fires, whereas METHOD.md step 7 ("w = 0 if
+    the sample was trained within the last delta steps", delta = 1) means the previous step counts.
     """
     chex.assert_rank([times_trained, last_trained_step], 1)
     chex.assert_equal_shape([times_trained, last_trained_step])
     last = last_trained_step.astype(jnp.int32)
-    cool = (last >= 0) & (jnp.asarray(step, jnp.int32) - last < cooldown)
+    cool = (last >= 0) & (jnp.asarray(step, jnp.int32) - last <= cooldown)
     return jnp.where(cool, 0.0, (1.0 + times_trained.astype(_F32)) ** (-power))
 
 

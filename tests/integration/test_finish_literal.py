@@ -124,16 +124,18 @@ def test_finish_trains_return_decisions_with_the_free_value():
     np.testing.assert_array_equal(new.bank.tokens, new0.bank.tokens)
 
 
-def _distill_scripted_update(rt, state, p, ep, monkeypatch):
-    """The tiny distillation with the sampler scripted to answer `<UPDATE> a0 a0 <EOS>` on every episode."""
+def _distill_scripted_update(rt, state, p, ep, monkeypatch, reply=None):
+    """The tiny distillation with the sampler scripted to answer `reply` (default `<UPDATE> a0 a0 <EOS>`) on
+    every episode."""
     from crl_jax.extractor import distill as distill_mod
 
     a0, upd, eos = int(rt.tiny.action_ids[0]), int(rt.tiny.op_ids[1]), rt.tokenizer.eos_id
+    reply = [upd, a0, a0, eos] if reply is None else reply
 
     def scripted(graphdef, params, prompt, plen, key, scfg, allowed=None):
         B, n = prompt.shape[0], scfg.max_new_tokens
-        row = jnp.asarray([upd, a0, a0, eos] + [rt.tokenizer.pad_id] * (n - 4), jnp.int32)
-        return jnp.broadcast_to(row, (B, n)), jnp.full((B, n), -1.0), jnp.full((B,), 4, jnp.int32)
+        row = jnp.asarray(reply + [rt.tokenizer.pad_id] * (n - len(reply)), jnp.int32)
+        return jnp.broadcast_to(row, (B, n)), jnp.full((B, n), -1.0), jnp.full((B,), len(reply), jnp.int32)
 
     monkeypatch.setattr(distill_mod, "sample_tokens", scripted)
     return distill_mod.distill(rt, p.bank, state.buffer, state.extractor.params, jax.random.key(5), state.step,
@@ -162,6 +164,61 @@ def test_update_with_nothing_retrieved_is_written_as_an_add(monkeypatch):
     d = _distill_scripted_update(rt_ign, state, p, ep, monkeypatch)
     assert (int(d.n_add), int(d.n_update), int(d.n_return), int(d.n_update_unretrieved)) == (0, 2, 2, 2)
     assert int(bank_lib.size(d.bank)) == 2 and int(d.buffer.valid.sum()) == 2 + 2
+
+
+def test_update_of_an_entry_pruned_this_step_is_resolved_like_an_unretrieved_one(monkeypatch):
+    """Entry 1 (rollout 1's) pruned before distillation, as `finish` prunes an entry whose guided episodes
+    failed: its `<UPDATE>` has nothing to rewrite, so it is written as an ADD by default, and with "ignore"
+    it writes nothing and stores no buffer sample (before: counted as an update, stored, written nowhere)."""
+    rt, state, p, ep = _scripted()
+    p = p._replace(bank=p.bank.replace(valid=p.bank.valid.at[1].set(False)))
+    d = _distill_scripted_update(rt, state, p, ep, monkeypatch)
+    assert (int(d.n_add), int(d.n_update), int(d.n_return), int(d.n_update_unretrieved)) == (3, 1, 0, 2)
+    assert int(bank_lib.size(d.bank)) == 4 and int(d.buffer.valid.sum()) == 2 + 4
+    assert sorted(np.asarray(d.bank.source)[np.asarray(d.bank.valid)].tolist()) == [2, 3, 4, 5]  # every sample
+    cfg = rt.cfg
+    rt_ign = build(dataclasses.replace(cfg, extraction=dataclasses.replace(cfg.extraction,
+                                                                           update_unretrieved="ignore")))
+    d = _distill_scripted_update(rt_ign, state, p, ep, monkeypatch)
+    assert (int(d.n_add), int(d.n_update), int(d.n_return)) == (0, 1, 3)
+    assert int(bank_lib.size(d.bank)) == 1 and int(d.buffer.valid.sum()) == 2 + 1
+
+
+def test_an_update_whose_entry_an_earlier_add_evicted_falls_back_to_an_add():
+    """A full 2-slot bank: op 0 ADDs (FIFO-evicting slot 0), op 1 UPDATEs slot 0 as retrieved. The update
+    must not rewrite the new entry (the `expect_order` pin); with `fallback_add` it is written as an add."""
+    from crl_jax.extractor.distill import ADD, UPDATE, apply_operations
+
+    ops = bank_lib.make_bank_ops(capacity=2, entry_len=2, key_dim=2)
+    b, _ = ops.add_many(ops.init(), jnp.array([[1, 1], [2, 2]]), jnp.array([2, 2]), jnp.eye(2),
+                        jnp.zeros(2, jnp.int32), 0, jnp.array([10, 11]), jnp.ones(2, bool))
+    args = (jnp.array([True, True]), jnp.array([ADD, UPDATE]), jnp.array([[7, 7], [8, 8]]), jnp.array([2, 2]),
+            jnp.eye(2), jnp.array([-1, 0]), jnp.array([20, 21]), jax.random.key(0), 1)
+    nb = apply_operations(ops, b, *args)
+    assert np.asarray(nb.tokens).tolist() == [[7, 7], [2, 2]] and np.asarray(nb.source).tolist() == [20, 11]
+    nb = apply_operations(ops, b, *args, fallback_add=True)
+    assert np.asarray(nb.tokens).tolist() == [[7, 7], [8, 8]] and np.asarray(nb.source).tolist() == [20, 21]
+
+
+def test_malformed_replies_are_trained_with_the_invalid_reward_when_asked(monkeypatch):
+    """Every reply `<ADD> <EOS>` (an empty add: malformed). By default (invalid_samples 0, the reference code)
+    nothing is written or stored; with invalid_samples=3 three of the four enter the buffer as whole-reply
+    samples credited once with invalid_reward (-1), and the bank is unchanged."""
+    rt, state, p, ep = _scripted()
+    reply = [int(rt.tiny.op_ids[0]), rt.tokenizer.eos_id]
+    d = _distill_scripted_update(rt, state, p, ep, monkeypatch, reply)
+    assert (int(d.n_invalid), int(d.n_invalid_trained), int(d.buffer.valid.sum())) == (4, 0, 2)
+    cfg = rt.cfg
+    rt3 = build(dataclasses.replace(cfg, extraction=dataclasses.replace(cfg.extraction, invalid_samples=3)))
+    d = _distill_scripted_update(rt3, state, p, ep, monkeypatch, reply)
+    assert (int(d.n_invalid), int(d.n_invalid_trained), int(d.n_add)) == (4, 3, 0)
+    buf = d.buffer
+    new = np.asarray(buf.valid & (buf.sample_id >= 2))
+    assert int(new.sum()) == 3 and int(bank_lib.size(d.bank)) == 2
+    np.testing.assert_array_equal(np.asarray(buf.reward_sum)[new], -1.0)
+    np.testing.assert_array_equal(np.asarray(buf.reward_count)[new], 1)
+    np.testing.assert_array_equal(np.asarray(buf.response_len)[new], 2)
+    assert np.asarray(buf.response)[new][:, :2].tolist() == [reply] * 3
 
 
 def test_resolve_ops_literal():

@@ -137,6 +137,26 @@ def test_retrieve_candidates_limit():
     assert _retrieve(b, [[1, 0]], 0, candidates=2, **kw)[1].tolist() == [[0]]  # equal usage: rank decides
 
 
+def test_shared_ties_rotate_through_more_tied_entries_than_candidates():
+    """24 entries of one key, 16 candidates: the cut to 16 orders the ties by usage (then the draw), not by
+    slot, so every entry is retrieved (before: slots 16-23 never)."""
+    key = jnp.asarray([0.6, 0.8])
+    b = B.add_many(B.init(32, 2, 2), jnp.ones((24, 2), jnp.int32), jnp.full((24,), 2), jnp.broadcast_to(key, (24, 2)),
+                   jnp.zeros((24,), jnp.int32), 0, jnp.arange(24), jnp.ones((24,), bool))[0]
+    ret = jax.jit(lambda b, r, s: B.retrieve(b, jnp.broadcast_to(key, (4, 2)), jnp.zeros((4,), jnp.int32), r, s,
+                                             candidates=16, shared_ties=True))
+    for step in range(12):  # 48 retrievals
+        b, slots, found = ret(b, jax.random.key(step), step)
+        assert found.all()
+    uses = np.asarray(b.times_retrieved)[:24]
+    assert uses.sum() == 48 and uses.min() >= 1, uses
+    # without an rng the ties are ordered by usage, then slot: the 4 least used, lowest slots first
+    b2 = b.replace(times_retrieved=jnp.arange(32, dtype=jnp.int32)[::-1])  # slot 23 the least used of the 24
+    _, slots, _ = B.retrieve(b2, key[None], jnp.zeros((1,), jnp.int32), None, 100, candidates=16, top_k=4,
+                             shared_ties=True, recent_steps=0, demote_p=0.0)
+    assert slots.tolist() == [[23, 22, 21, 20]]
+
+
 def test_heavily_retrieved_loses_to_fresh():
     b = _filled([[1, 0.01], [1, 0.02]]).replace(times_retrieved=jnp.array([20, 0]),
                                               last_retrieved_step=jnp.array([2, -1]))

@@ -86,9 +86,9 @@ def test_pop_order_padding_and_marking():
 
 def test_repeat_weights_literal():
     w = XB.repeat_weights(jnp.array([0, 1, 3, 2, 2, 0]), jnp.array([-1, 3, 1, 5, 4, -1]), 5, cooldown=1, power=0.5)
-    np.testing.assert_allclose(w, [1.0, 2 ** -0.5, 0.5, 0.0, 3 ** -0.5, 1.0], rtol=1e-6)
-    w = XB.repeat_weights(jnp.array([1, 1, 1]), jnp.array([3, 2, -1]), 4, cooldown=2, power=1.0)
-    np.testing.assert_allclose(w, [0.0, 0.5, 0.5], rtol=1e-6)  # step - last = 1 < 2: cooling
+    np.testing.assert_allclose(w, [1.0, 2 ** -0.5, 0.5, 0.0, 0.0, 1.0], rtol=1e-6)  # trained at step 4 or 5: 0
+    w = XB.repeat_weights(jnp.array([1, 1, 1]), jnp.array([3, 1, -1]), 4, cooldown=2, power=1.0)
+    np.testing.assert_allclose(w, [0.0, 0.5, 0.5], rtol=1e-6)  # step - last = 1 <= 2: cooling; 3 > 2: not
 
 
 def test_retrained_sample_weights_through_pops():
@@ -99,8 +99,9 @@ def test_retrained_sample_weights_through_pops():
         buf = _credit_ids(buf, [0], [1.0])
         buf, out = _pop(buf, 1, step)
         weights.append(float(out["weight"][0]))
-    # times_trained 0 -> w 1; same step again -> cooldown 0; then (1+2)^-0.5; then (1+3)^-0.5
-    np.testing.assert_allclose(weights, [1.0, 0.0, 3 ** -0.5, 0.5], rtol=1e-6)
+    # times_trained 0 -> w 1; same step again -> cooldown 0; the next step (trained at the previous one) -> 0; two
+    # steps later (1+3)^-0.5
+    np.testing.assert_allclose(weights, [1.0, 0.0, 0.0, 0.5], rtol=1e-6)
     assert int(buf.times_trained[0]) == 4
 
 
@@ -139,7 +140,7 @@ def test_make_buffer_ops_binds_the_hyperparameters_once():
     buf = ops.credit(buf, ids, jnp.array([1.0, -1.0, 0.5]), jnp.ones(3, jnp.int32), jnp.array([True, False, True]))
     assert bool(ops.ready(buf)) and not bool(XB.ready(buf, 3))  # batch 2 bound: two samples pending
     weights = []
-    for step in (3, 4, 6):  # then sample 2 alone, credited again: inside the cooldown of 2, then after it
+    for step in (3, 4, 7):  # then sample 2 alone, credited again: inside the cooldown of 2, then after it
         got = jax.jit(ops.pop_batch)(buf, step)
         chex.assert_trees_all_equal(got, XB.pop_batch(buf, 2, step, cooldown=2, power=1.0))
         weights.append(got[1]["weight"].tolist())

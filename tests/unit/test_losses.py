@@ -235,12 +235,15 @@ class CISPOTest(chex.TestCase):
 class ExtractorWeightingTest(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     def test_repeat_weights_literal(self):
-        times = jnp.array([0, 1, 3, 2, 0])
-        last = jnp.array([-1, 4, 2, 5, 5])
+        # step - last <= cooldown is in cooldown: with the default 1, trained at the previous step (4) or this one (5)
+        times = jnp.array([0, 1, 3, 2, 0, 1])
+        last = jnp.array([-1, 4, 2, 5, 5, 3])
         w = self.variant(L.repeat_weights)(times, last, 5)
-        np.testing.assert_allclose(w, [1.0, 0.7071068, 0.5, 0.0, 0.0], rtol=1e-6)
+        np.testing.assert_allclose(w, [1.0, 0.0, 0.5, 0.0, 0.0, 0.7071068], rtol=1e-6)
         w = _v(self, L.repeat_weights, cooldown=2, power=1.0)(times, last, 5)
-        np.testing.assert_allclose(w, [1.0, 0.0, 0.25, 0.0, 0.0], rtol=1e-6)
+        np.testing.assert_allclose(w, [1.0, 0.0, 0.25, 0.0, 0.0, 0.0], rtol=1e-6)
+        w = _v(self, L.repeat_weights, cooldown=0)(times, last, 5)  # 0: only a sample trained at this very step
+        np.testing.assert_allclose(w, [1.0, 0.7071068, 0.5, 0.0, 0.0, 0.7071068], rtol=1e-6)
         # Never-trained samples are never in cooldown, however long the cooldown.
         w = _v(self, L.repeat_weights, cooldown=5)(jnp.zeros(2, jnp.int32), jnp.array([-1, -1]), 0)
         np.testing.assert_allclose(w, [1.0, 1.0])

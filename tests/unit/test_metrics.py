@@ -30,6 +30,27 @@ def test_rows_and_csv_roundtrip(tmp_path):
     assert s["step"] == 4.0 and s["success_free_last10"] == 0.5
 
 
+def test_truncate_keeps_the_rows_of_a_file_written_before_a_column_was_added(tmp_path):
+    """A run folder from a version whose metrics.csv lacks a later column resumes with its rows kept (the new
+    column empty), and a row cut short by a kill is still dropped."""
+    import csv
+
+    from crl_jax.infra.metrics import ALL_COLUMNS
+
+    old = ALL_COLUMNS[:-1]
+    rows = _chunk(3, 0)
+    with open(tmp_path / "metrics.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(old)
+        for r in rows:
+            w.writerow([r.get(c, "nan") for c in old])
+        f.write("4,40,0.5")  # a row cut short by a kill mid-write
+    MetricsWriter(str(tmp_path), tensorboard=False).truncate_after(10)
+    back = read_csv(str(tmp_path / "metrics.csv"))
+    assert [r["step"] for r in back] == ["1", "2", "3"] and list(back[0]) == list(ALL_COLUMNS)
+    assert back[0][ALL_COLUMNS[-1]] == "" and back[2]["success_free"] == "0.5"
+
+
 def test_t_interval_literal():
     mean, hw = t_interval(np.array([1.0, 2.0, 3.0]))
     assert mean == 2.0 and abs(hw - 4.30 * 1.0 / np.sqrt(3)) < 1e-9

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 
 from crl_jax.backends.llm.adapters import extractor_params
 from crl_jax.backends.llm.prompt_pieces import distill_prompt
-from crl_jax.extractor.distill import ADD, UPDATE, DistillOut, apply_operations, resolve_ops, store_returns
+from crl_jax.extractor.distill import (ADD, UPDATE, DistillOut, apply_operations, resolve_ops, store_invalid,
+                                      store_returns, update_targets)
 from crl_jax.extractor.ops_json import parse_operations_callback
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
@@ -53,8 +54,9 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     M = ops["op"].shape[1]
     chosen = ops["op"]
     unretrieved = ops["mask"] & (chosen == UPDATE) & ~has_exp[:, None] & mask[:, None]
-    ops = dict(ops, op=resolve_ops(chosen, has_exp[:, None], cfg.extraction.update_unretrieved))
-    op_ok = ops["mask"] & ((ops["op"] == ADD) | ((ops["op"] == UPDATE) & has_exp[:, None])) & mask[:, None]
+    target = update_targets(bank, has_exp, slots)[:, None]  # the retrieved entry was not pruned this step
+    ops = dict(ops, op=resolve_ops(chosen, target, cfg.extraction.update_unretrieved))
+    op_ok = ops["mask"] & ((ops["op"] == ADD) | ((ops["op"] == UPDATE) & target)) & mask[:, None]
     writes = op_ok.any(1)
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]
     pad2 = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))
@@ -63,7 +65,8 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     rep = lambda x: jnp.repeat(x, M, axis=0)  # noqa: E731
     flat = lambda x: x.reshape((N * M,) + x.shape[2:])  # noqa: E731
     bank = apply_operations(rt.bank_ops, bank, flat(op_ok), flat(ops["op"]), flat(ops["entry"]),
-                            flat(ops["entry_len"]), rep(keys), rep(slots), rep(ids), key, step)
+                            flat(ops["entry_len"]), rep(keys), rep(slots), rep(ids), key, step,
+                            fallback_add=cfg.extraction.update_unretrieved == "add")
     valid = ops["valid"] & mask
     n_add = jnp.sum(op_ok & (ops["op"] == ADD))
     n_update = jnp.sum(op_ok & (ops["op"] == UPDATE))
@@ -75,5 +78,7 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
         buffer, stored = store_returns(buffer, valid & ~writes, prompts, plen, resp, rlen, logp, return_value,
                                        return_ok, cfg.extraction.return_samples, jax.random.fold_in(key, 7), step)
         n_ret_trained = jnp.sum(stored)
+    buffer, n_inv_trained = store_invalid(rt, buffer, mask & ~ops["valid"], prompts, plen, resp, rlen, logp, key,
+                                          step)
     return DistillOut(bank, buffer, n_add, n_update, n_return, n_invalid, n_failed, n_ret_trained,
-                      jnp.sum(unretrieved))
+                      jnp.sum(unretrieved), n_inv_trained)

@@ -115,11 +115,14 @@ def _load(m, tensor: int = 1):
 
 def loss_configs(cfg: Config) -> tuple[loss_fns.PPOLossConfig, loss_fns.CISPOLossConfig]:
     """The actor's PPO and the extractor's CISPO loss options of a run config; `loss.head_chunk` sets both
-    learners' vocabulary head (0: the vocabulary-tiled path, no fused head)."""
+    learners' vocabulary head (0: the vocabulary-tiled path, no fused head). Each scores its tokens at the
+    temperature its rollouts sample at (`actor.temperature`, `extraction.temperature`), as the stored behaviour
+    log-probs are: at another temperature no ratio would start at 1."""
     lc, ec = cfg.loss, cfg.extraction
     head = dict(fused_head=lc.head_chunk > 0, head_chunk=lc.head_chunk or loss_fns.PPOLossConfig.head_chunk)
-    return (loss_fns.PPOLossConfig(clip_eps=lc.clip_eps, ratio=lc.ratio, aggregation=lc.aggregation, **head),
-            loss_fns.CISPOLossConfig(eps_low=ec.eps_low, eps_high=ec.eps_high, **head))
+    return (loss_fns.PPOLossConfig(clip_eps=lc.clip_eps, ratio=lc.ratio, aggregation=lc.aggregation,
+                                   temperature=cfg.actor.temperature, **head),
+            loss_fns.CISPOLossConfig(eps_low=ec.eps_low, eps_high=ec.eps_high, temperature=ec.temperature, **head))
 
 
 def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=None) -> Runtime:
