@@ -30,6 +30,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from crl_jax.infra.cli import report_errors
 from crl_jax.infra.sweep import plan, run_sweep
 from crl_jax.infra.sweep_spec import expand, load_spec
 
@@ -45,6 +46,10 @@ def main(argv=None) -> int:
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--dry-run", action="store_true", help="print the programs and their runs, run nothing")
     a = ap.parse_args(argv)
+    return report_errors(_main, a, prog="sweep")  # bad input: one `sweep: error: ...` line, exit 2
+
+
+def _main(a) -> int:
     spec = load_spec(a.config, seeds=a.seeds, steps=a.steps)
     if a.dry_run:
         programs = plan(expand(spec, a.out), spec.per_point, spec.vmap_seeds)

@@ -23,7 +23,10 @@ import sys
 
 def _load_cfg(args, extra_overrides=()):
     from crl_jax.config import load
+    from crl_jax.config_checks import check_text_file
 
+    if args.config:
+        check_text_file(args.config, "config file")
     ov = list(args.overrides or []) + list(extra_overrides)
     for flag in ("method", "seed", "steps"):
         v = getattr(args, flag, None)
@@ -35,8 +38,12 @@ def _load_cfg(args, extra_overrides=()):
 def cmd_train(args):
     from crl_jax.infra.run import run
 
+    from crl_jax.config import ConfigError
+
     cfg = _load_cfg(args)
     out = args.out or os.path.join("runs", f"{cfg.method}_seed{cfg.seed}")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"--out {out} is a file, not a run folder")
     summary = run(cfg, out, resume=args.resume, progress=not args.quiet, label=args.label,
                   overwrite=args.overwrite, max_nonfinite=args.max_nonfinite)
     print(json.dumps(summary, indent=2, sort_keys=True))
@@ -63,14 +70,27 @@ def _restore_run(run_dir):
     path = os.path.join(run_dir, "config.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{run_dir} is not a run folder (no config.json)")
-    with open(path) as f:
-        d = json.load(f)
+    d = read_run_config(path)
     d.pop("label", None)
     cfg = from_dict(drop_removed_keys(d, path))
     rt, init, _, _ = engine(cfg)
     ck = Checkpointer(run_dir)
     state, step = ck.restore(init(rt, jax.random.key(cfg.seed), cfg))
     return cfg, rt, state, step
+
+
+def read_run_config(path: str) -> dict:
+    """A run folder's config.json as a dict; a damaged one is a ConfigError naming the file."""
+    from crl_jax.config import ConfigError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (ValueError, OSError) as e:  # JSONDecodeError, UnicodeDecodeError, a directory, no permission
+        raise ConfigError(f"run config {path} is damaged or unreadable ({e})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"run config {path} is damaged: it holds a {type(d).__name__}, not a mapping")
+    return d
 
 
 def _evaluator(cfg, rt):
@@ -97,13 +117,15 @@ def cmd_plot(args):
     from crl_jax.infra.plot import plot_runs
 
     out = args.out or os.path.join(args.run_dirs[0], "curves.png")
-    print(plot_runs(args.run_dirs, out))
+    print(plot_runs(args.run_dirs, out))  # the path written (".png" added to a name without an extension)
 
 
 def cmd_bank(args):
     from crl_jax.bank.io import export_jsonl, format_entries
     from crl_jax.config import ConfigError
 
+    if args.action == "export" and args.out and os.path.isdir(args.out):
+        raise ConfigError(f"bank export --out {args.out} is a folder; name a file (e.g. {args.out}/bank.jsonl)")
     _, rt, state, _ = _restore_run(args.run_dir)
     if args.action == "show":
         print(format_entries(state.bank, rt.tokenizer, task=args.task, top=args.top))
@@ -246,31 +268,60 @@ def _one_line_warnings() -> None:
     warnings.formatwarning = lambda message, category, *a, **k: f"crl-jax: warning: {message}\n"
 
 
-def main(argv=None):
-    from crl_jax.infra.checkpoint import CheckpointError
-    from crl_jax.config import ConfigError
+def _os_message(e: OSError) -> str:
+    """An OSError as one line naming its file(s): 'PATH: Is a directory' (or the message it was raised with)."""
+    if e.filename is None or not e.strerror:
+        return str(e)
+    names = repr(e.filename) + (f" -> {e.filename2!r}" if e.filename2 is not None else "")
+    return f"{names}: {e.strerror}"
 
-    args = build_parser().parse_args(argv)
-    _one_line_warnings()
+
+def _token_renderer_error(e: Exception) -> bool:
+    """The tokenizer of an LLM checkpoint does not round-trip an environment's text (`make_token_renderer`)."""
+    return isinstance(e, ValueError) and str(e).startswith("make_token_renderer:")
+
+
+def report_errors(fn, *args, prog: str = "crl-jax"):
+    """Call `fn(*args)`; bad input (config, checkpoint, model folder, run folder, files) exits 2 with one
+    `PROG: error: ...` line, a run stopped for non-finite updates exits 3, Ctrl-C exits 130. Shared by
+    `crl-jax` and experiments/sweep.py."""
+    from crl_jax.config import ConfigError
+    from crl_jax.infra.errors import CheckpointError
+
     try:
-        args.fn(args)
-    except (ConfigError, CheckpointError, FileNotFoundError) as e:
-        print(f"crl-jax: error: {e}", file=sys.stderr)
+        return fn(*args)
+    except (ConfigError, CheckpointError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # missing files, a file where a folder is needed (or the reverse), permissions
+        print(f"{prog}: error: {_os_message(e)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as e:  # run.Interrupted carries the step and checkpoint; else before the first step
-        print(f"crl-jax: {e}" if str(e) else "crl-jax: interrupted; rerun the same command to resume",
+        print(f"{prog}: {e}" if str(e) else f"{prog}: interrupted; rerun the same command to resume",
               file=sys.stderr)
         sys.exit(130)
     except Exception as e:
         from crl_jax.infra.run import Interrupted, NonFiniteError
 
         if isinstance(e, Interrupted):
-            print(f"crl-jax: {e}", file=sys.stderr)
+            print(f"{prog}: {e}", file=sys.stderr)
             sys.exit(130)
         if isinstance(e, NonFiniteError):
-            print(f"crl-jax: error: {e}", file=sys.stderr)
+            print(f"{prog}: error: {e}", file=sys.stderr)
             sys.exit(3)
+        if _token_renderer_error(e):
+            print(f"{prog}: error: actor.preset / extractor.preset: {e}", file=sys.stderr)
+            sys.exit(2)
+        if isinstance(e, ValueError) and str(e).startswith("build_distill_prompt: budget"):  # traced, after checks
+            print(f"{prog}: error: extraction.prompt_len: {e}", file=sys.stderr)
+            sys.exit(2)
         raise
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    _one_line_warnings()
+    report_errors(args.fn, args)
 
 
 if __name__ == "__main__":

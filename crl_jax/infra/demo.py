@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from crl_jax.config import ConfigError
 from crl_jax.infra.plot import plot_runs, t_interval
 from crl_jax.infra.sweep import run_sweep
 from crl_jax.infra.sweep_spec import SweepSpec, _flat_overrides, expand
@@ -81,6 +82,8 @@ def demo(*, seeds: int = 5, out: str = "runs/demo", steps: int | None = None, co
     compilation for every run: method flags are traced; on 2 CPU cores ~1.5x faster than vmapping the
     seeds), run folders `out/<method>/seed<s>/` (resumable), then the comparison table and plot. `methods`
     are config methods (crl, grpo, static_online, ...) or `EXTRA_METHODS` names (grpo_scratch)."""
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
     ov = _flat_overrides(list(overrides) + ([f"steps={steps}"] if steps else []))
     points = {m: dict(EXTRA_METHODS.get(m, {"method": m})) for m in methods}
     spec = SweepSpec(config=config, overrides=ov, points=points, seeds=tuple(range(seeds)),

@@ -23,7 +23,8 @@ from collections import defaultdict
 import numpy as np
 from matplotlib.figure import Figure
 
-from crl_jax.infra.metrics import column, read_csv
+from crl_jax.config import ConfigError
+from crl_jax.infra.metrics import _complete, column, read_csv
 
 HEADLINE = "heldin_deployed"  # pseudo-column: eval_heldin_with_exp where a group has it, else _without_exp
 PANELS = (
@@ -37,6 +38,7 @@ PANELS = (
     ("bank_size", "bank size"),
     ("extractor_reward_mean", "extractor reward"),
 )
+PLOTTED = ("step",) + tuple(c for c, _ in PANELS if c != HEADLINE)  # the columns read as numbers
 T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
@@ -67,8 +69,14 @@ def run_label(run_dir: str) -> str:
     folder's own name. Never the method alone: two different crl runs are two curves."""
     cfg = os.path.join(run_dir, "config.json")
     if os.path.exists(cfg):
-        with open(cfg) as f:
-            label = json.load(f).get("label")
+        try:
+            with open(cfg, encoding="utf-8") as f:
+                saved = json.load(f)
+        except (ValueError, OSError) as e:  # JSONDecodeError, UnicodeDecodeError, a folder
+            raise ConfigError(f"run config {cfg} is damaged or unreadable ({e})") from None
+        if not isinstance(saved, dict):
+            raise ConfigError(f"run config {cfg} is damaged: it holds a {type(saved).__name__}, not a mapping")
+        label = saved.get("label")
         if label:
             return str(label)
     path = os.path.normpath(os.path.abspath(run_dir))
@@ -76,6 +84,23 @@ def run_label(run_dir: str) -> str:
     if re.fullmatch(r"seed\d+", name):
         return os.path.basename(os.path.dirname(path))
     return name
+
+
+def read_metrics(path: str) -> list[dict]:
+    """The rows of a metrics.csv, without rows cut short by a kill mid-write (as a resume drops them); a cell
+    that is not a number is a ConfigError naming the file, step and column."""
+    rows = read_csv(path)
+    fields = list(rows[0]) if rows else []
+    rows = [r for r in rows if _complete(r, fields)]
+    for r in rows:
+        for c in PLOTTED:
+            v = r.get(c)
+            if v not in ("", None):
+                try:
+                    float(v)
+                except ValueError:
+                    raise ConfigError(f"{path}: step {r['step']}, column {c!r} holds {v!r}, not a number") from None
+    return rows
 
 
 def smooth_series(v: np.ndarray, window: int) -> np.ndarray:
@@ -129,7 +154,7 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
         path = os.path.join(d, "metrics.csv")
         if not os.path.exists(path):
             raise FileNotFoundError(f"no metrics.csv in run folder {d!r}")
-        groups[run_label(d)].append(read_csv(path))
+        groups[run_label(d)].append(read_metrics(path))
     # A bare Figure (no pyplot): drawn by the Agg canvas on save, whatever backend the process has chosen
     fig = Figure(figsize=(15, 12))
     axes = fig.subplots(3, 3)
@@ -170,6 +195,8 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
     axes.flat[0].text(0.02, 0.97, "solid: with experience; dashed: without", transform=axes.flat[0].transAxes,
                       fontsize=8, va="top")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
+    if not os.path.splitext(out)[1]:  # savefig would add ".png": return the path it writes
+        out += ".png"
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fig.savefig(out, dpi=90)
     return out

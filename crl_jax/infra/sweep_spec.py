@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from crl_jax.config import Config, ConfigError, load
+from crl_jax.config_checks import check_text_file
 
 
 @dataclass(frozen=True)
@@ -40,31 +41,66 @@ class Member:
     run_dir: str
 
 
-def _flat_overrides(ov) -> dict:
+def _flat_overrides(ov, where: str = "sweep overrides") -> dict:
     if ov is None:
         return {}
     if isinstance(ov, dict):
+        bad = [k for k in ov if not isinstance(k, str)]
+        if bad:
+            raise ConfigError(f"{where}: keys must be dotted config keys, got {bad[0]!r}")
         return dict(ov)
+    if not isinstance(ov, list):
+        raise ConfigError(f"{where}: expected a mapping of dotted keys to values (or a list of key=value), "
+                          f"got {ov!r}")
     out = {}
     for it in ov:
         if not isinstance(it, str) or "=" not in it:
-            raise ConfigError(f"sweep overrides: {it!r} is not of the form key=value")
+            raise ConfigError(f"{where}: {it!r} is not of the form key=value")
         k, v = it.split("=", 1)
         out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
     return out
 
 
+def _seeds(s, where: str) -> tuple:
+    """`seeds: N` (0..N-1) or a list of distinct integers, as a tuple."""
+    if isinstance(s, int) and not isinstance(s, bool):
+        if s < 1:
+            raise ConfigError(f"{where}: seeds must be >= 1 (a count) or a list of seeds, got {s}")
+        return tuple(range(s))
+    if not isinstance(s, (list, tuple)) or not s or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                            for x in s):
+        raise ConfigError(f"{where}: seeds must be a count (e.g. 3) or a non-empty list of integers, got {s!r}")
+    dup = sorted({x for x in s if list(s).count(x) > 1})
+    if dup:
+        raise ConfigError(f"{where}: seeds {dup} are listed twice (one run folder per seed)")
+    return tuple(s)
+
+
+def _no_seed_key(flat: dict, where: str) -> None:
+    if "seed" in flat:
+        raise ConfigError(f"{where}: 'seed' cannot be set here (every run's seed comes from the sweep's "
+                          "seeds: list, e.g. seeds: [1, 2])")
+
+
 def load_spec(path: str, *, seeds: int | None = None, steps: int | None = None) -> SweepSpec:
     """Read a sweep YAML; `seeds` (n -> 0..n-1) and `steps` override the file's."""
+    check_text_file(path, "sweep file")
     try:
-        with open(path) as f:
-            d = yaml.safe_load(f) or {}
+        with open(path, encoding="utf-8") as f:
+            d = yaml.safe_load(f)
     except FileNotFoundError:
         raise ConfigError(f"sweep file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"sweep file {path} is not valid YAML: {e}") from None
+    d = {} if d is None else d
+    if not isinstance(d, dict):
+        raise ConfigError(f"sweep file {path} must hold a mapping (config, overrides, grid, seeds, ...), "
+                          f"got a {type(d).__name__}")
     known = {"config", "overrides", "grid", "points", "seeds", "per_point", "vmap_seeds"}
     unknown = set(d) - known
     if unknown:
-        raise ConfigError(f"sweep file {path}: unknown keys {sorted(unknown)} (known: {', '.join(sorted(known))})")
+        raise ConfigError(f"sweep file {path}: unknown keys {sorted(map(str, unknown))} "
+                          f"(known: {', '.join(sorted(known))})")
     split = d.get("per_point", False)
     vmap_seeds = d.get("vmap_seeds", "auto")
     if not isinstance(split, bool):
@@ -73,21 +109,32 @@ def load_spec(path: str, *, seeds: int | None = None, steps: int | None = None) 
         raise ConfigError(f"sweep file {path}: vmap_seeds must be true, false or auto, got {vmap_seeds!r}")
     vmap_seeds = None if vmap_seeds == "auto" else vmap_seeds
     base = d.get("config")
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"sweep file {path}: config must be the path of a YAML config, got {base!r}")
     if base and not os.path.isabs(base):
         base = os.path.join(os.path.dirname(os.path.abspath(path)), base)
     grid = d.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise ConfigError(f"sweep file {path}: grid must map dotted config keys to lists of values "
+                          f"(e.g. grid: {{method: [crl, grpo]}}), got {grid!r}")
     for k, v in grid.items():
         if not isinstance(v, list) or not v:
             raise ConfigError(f"sweep grid.{k}: expected a non-empty list of values, got {v!r}")
-    s = d.get("seeds", 1) if seeds is None else seeds
-    ov = _flat_overrides(d.get("overrides"))
+    _no_seed_key(grid, f"sweep file {path}: grid")
+    if seeds is not None and seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+    s = _seeds(d.get("seeds", 1) if seeds is None else seeds, f"sweep file {path}")
+    ov = _flat_overrides(d.get("overrides"), f"sweep file {path}: overrides")
+    _no_seed_key(ov, f"sweep file {path}: overrides")
     if steps is not None:
         ov["steps"] = steps
     points = d.get("points") or {}
     if not isinstance(points, dict) or not all(isinstance(v, (dict, list, type(None))) for v in points.values()):
         raise ConfigError(f"sweep file {path}: points must map names to override mappings")
-    return SweepSpec(config=base, overrides=ov, grid=dict(grid), seeds=tuple(range(s)) if isinstance(s, int) else tuple(s),
-                     points={k: _flat_overrides(v) for k, v in points.items()}, per_point=split,
+    points = {k: _flat_overrides(v, f"sweep file {path}: points.{k}") for k, v in points.items()}
+    for k, v in points.items():
+        _no_seed_key(v, f"sweep file {path}: points.{k}")
+    return SweepSpec(config=base, overrides=ov, grid=dict(grid), seeds=s, points=points, per_point=split,
                      vmap_seeds=vmap_seeds)
 
 
@@ -116,11 +163,15 @@ def _folder(name: str) -> str:
 
 def expand(spec: SweepSpec, out: str) -> list[Member]:
     """Every (grid point, seed) as a Member with its validated config and run folder."""
+    _seeds(list(spec.seeds), "sweep")
+    _no_seed_key(spec.grid, "sweep grid")
+    _no_seed_key(spec.overrides, "sweep overrides")
     keys = list(spec.grid)
     members = []
     variants = list(spec.points.items()) or [("", {})]
     for (vname, vov), combo in itertools.product(variants, itertools.product(*(spec.grid[k] for k in keys))):
         values = dict(zip(keys, combo))
+        _no_seed_key(_flat_overrides(vov), f"sweep points.{vname}")
         name = ",".join(x for x in (vname, point_name(values) if values else "") if x) or "base"
         for s in spec.seeds:
             cfg = load(spec.config, _nest({**spec.overrides, **_flat_overrides(vov), **values, "seed": int(s)}))

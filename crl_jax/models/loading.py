@@ -17,6 +17,7 @@ checks every shape against the config, and fills an abstract (never randomly ini
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Callable, Protocol
 
@@ -50,18 +51,28 @@ def load_hf_folder(path: str, *, dtype: str = "float32"):
     cfg_file = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_file):
         raise FileNotFoundError(f"no config.json in model folder {path!r}")
-    with open(cfg_file) as f:
-        try:
-            hf = json.load(f)
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{cfg_file!r} is not valid JSON: {e}") from None
+    hf = read_json(cfg_file)
     cfg = config_from_hf(hf, dtype=dtype, source=cfg_file)
-    with SafetensorsSource(path) as src:
-        model = build_model(cfg, src)
-    tokenizer = None
+    tokenizer = None  # read first: a damaged tokenizer fails before the weights are
     if os.path.isfile(os.path.join(path, "tokenizer.json")):
         tokenizer = HFTokenizer.from_folder(path)
+    with SafetensorsSource(path) as src:
+        model = build_model(cfg, src)
     return model, tokenizer
+
+
+def read_json(file: str, kind=dict):
+    """A model folder's JSON file (config.json, an index, tokenizer_config.json) holding a `kind`; anything
+    else is a CheckpointError naming the file."""
+    try:
+        with open(file, encoding="utf-8") as f:
+            d = json.load(f)
+    except (ValueError, OSError) as e:  # JSONDecodeError, UnicodeDecodeError, a folder, no permission
+        raise CheckpointError(f"{file!r} is not valid JSON: {e}") from None
+    if not isinstance(d, kind):
+        raise CheckpointError(f"{file!r} must hold a JSON {'object' if kind is dict else kind.__name__}, "
+                              f"got a {type(d).__name__}")
+    return d
 
 
 # ----------------------------------------------------------------------------------------------
@@ -92,9 +103,29 @@ def rope_from_hf(hf: dict, default_theta: float) -> tuple[float, tuple | None]:
 
 
 def config_from_hf(hf: dict, *, dtype: str = "float32", source: str = "config.json") -> TransformerConfig:
-    """Map a Hugging Face config dict (Llama / Qwen2 / Qwen3 causal LM) to a TransformerConfig."""
+    """Map a Hugging Face config dict (Llama / Qwen2 / Qwen3 causal LM) to a TransformerConfig; a field of the
+    wrong type or value is a CheckpointError naming `source` and the field."""
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{source}: must hold a JSON object, got a {type(hf).__name__}")
+    try:
+        return _config_from_hf(hf, dtype, source)
+    except CheckpointError:
+        raise
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as e:  # TransformerConfig's own checks
+        raise CheckpointError(f"{source}: {e}") from None
+
+
+def _number(hf: dict, key: str, value, kind, source: str):
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or (kind is int and value != int(value)):
+        raise CheckpointError(f"{source}: field {key!r} must be {'an integer' if kind is int else 'a number'}, "
+                              f"got {value!r}")
+    return kind(value)
+
+
+def _config_from_hf(hf: dict, dtype: str, source: str) -> TransformerConfig:
     archs = hf.get("architectures") or []
-    arch = archs[0] if archs else None
+    arch = archs[0] if isinstance(archs, list) and archs else None
     if arch is None:  # fall back on model_type
         arch = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}.get(hf.get("model_type"))
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -105,10 +136,14 @@ def config_from_hf(hf: dict, *, dtype: str = "float32", source: str = "config.js
     family = SUPPORTED_ARCHITECTURES[arch]
     defaults = _FAMILY_DEFAULTS[family]
 
-    def need(key):
+    def need(key, kind=int):
         if key not in hf:
             raise CheckpointError(f"{source}: missing field {key!r} needed for {arch}")
-        return hf[key]
+        return _number(hf, key, hf[key], kind, source)
+
+    def opt(key, default, kind=int):
+        v = hf.get(key, default)
+        return None if v is None else _number(hf, key, v, kind, source)
 
     act = hf.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
@@ -116,27 +151,27 @@ def config_from_hf(hf: dict, *, dtype: str = "float32", source: str = "config.js
     if hf.get("mlp_bias"):
         raise CheckpointError(f"{source}: mlp_bias=true is not supported")
     theta, scaling = rope_from_hf(hf, defaults["rope_theta"])
-    num_heads = int(need("num_attention_heads"))
-    head_dim = hf.get("head_dim", defaults.get("head_dim"))
+    num_heads = need("num_attention_heads")
+    head_dim = opt("head_dim", defaults.get("head_dim"))
     if family == "qwen2":
         attention_bias = True  # Qwen2 always has q/k/v biases; its config has no switch
     else:
         attention_bias = bool(hf.get("attention_bias", False))
     return TransformerConfig(
-        vocab_size=int(need("vocab_size")),
-        hidden_size=int(need("hidden_size")),
-        intermediate_size=int(need("intermediate_size")),
-        num_layers=int(need("num_hidden_layers")),
+        vocab_size=need("vocab_size"),
+        hidden_size=need("hidden_size"),
+        intermediate_size=need("intermediate_size"),
+        num_layers=need("num_hidden_layers"),
         num_heads=num_heads,
-        num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
-        head_dim=int(head_dim) if head_dim else None,
+        num_kv_heads=opt("num_key_value_heads", None) or num_heads,
+        head_dim=head_dim or None,
         rope_theta=theta,
         rope_scaling=scaling,
-        rms_norm_eps=float(hf.get("rms_norm_eps", defaults["rms_norm_eps"])),
+        rms_norm_eps=opt("rms_norm_eps", defaults["rms_norm_eps"], float),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         attention_bias=attention_bias,
         qk_norm=family == "qwen3",
-        max_position_embeddings=int(hf.get("max_position_embeddings", defaults["max_position_embeddings"])),
+        max_position_embeddings=opt("max_position_embeddings", defaults["max_position_embeddings"]),
         param_dtype=dtype,
         family=family,
     )
@@ -184,14 +219,16 @@ class SafetensorsSource:
     def __init__(self, folder: str):
         index = os.path.join(folder, "model.safetensors.index.json")
         if os.path.isfile(index):
-            with open(index) as f:
-                weight_map = json.load(f).get("weight_map", {})
+            weight_map = read_json(index).get("weight_map", {})
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise CheckpointError(f"{index!r}: weight_map must map tensor names to file names")
             files = sorted(set(weight_map.values()))
             for fn in files:
                 if not os.path.isfile(os.path.join(folder, fn)):
                     raise FileNotFoundError(f"shard {fn!r} listed in {index!r} is missing")
         else:
-            files = sorted(fn for fn in os.listdir(folder) if fn.endswith(".safetensors"))
+            files = sorted(fn for fn in os.listdir(folder)
+                           if fn.endswith(".safetensors") and os.path.isfile(os.path.join(folder, fn)))
         if not files:
             raise FileNotFoundError(f"no *.safetensors files in model folder {folder!r}")
         self._handles, self._headers, self._file_of = {}, {}, {}

@@ -227,12 +227,29 @@ class HFTokenizer:
         tj = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(tj):
             raise FileNotFoundError(f"no tokenizer.json in model folder {path!r}")
-        tok = hf.Tokenizer.from_file(tj)
+        from crl_jax.infra.errors import CheckpointError
+
+        try:
+            tok = hf.Tokenizer.from_file(tj)
+        except Exception as e:  # the tokenizers library raises a bare Exception for a damaged file
+            raise CheckpointError(f"{tj!r} is not a valid tokenizer file: {e}") from None
         cfg = {}
         tc = os.path.join(path, "tokenizer_config.json")
         if os.path.isfile(tc):
-            with open(tc) as f:
-                cfg = json.load(f)
+            try:
+                with open(tc, encoding="utf-8") as f:
+                    cfg = json.load(f)
+            except (ValueError, OSError) as e:
+                raise CheckpointError(f"{tc!r} is not valid JSON: {e}") from None
+            if not isinstance(cfg, dict):
+                raise CheckpointError(f"{tc!r} must hold a JSON object, got a {type(cfg).__name__}")
+        try:
+            return cls._from_parts(tok, cfg, path)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, OSError) as e:
+            raise CheckpointError(f"{tc!r}: {e}") from None
+
+    @classmethod
+    def _from_parts(cls, tok, cfg: dict, path: str) -> "HFTokenizer":
         template = cfg.get("chat_template")
         ct_file = os.path.join(path, "chat_template.jinja")
         if template is None and os.path.isfile(ct_file):
