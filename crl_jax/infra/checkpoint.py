@@ -10,7 +10,8 @@ not match or cannot be read raises `CheckpointError` with one line naming the di
 Nothing is skipped silently: a save that Orbax declines (its step is not newer than the newest one
 on disk) raises, and `restore_latest_valid` moves the unreadable checkpoints newer than the one it
 restores aside (`RUN_DIR/corrupt_checkpoints/<step>`), so the retrained steps can be written again
-and no reader later trips over them.
+and no reader later trips over them. A sweep resuming its members from their common step moves their newer
+(readable) checkpoints aside the same way (`RUN_DIR/superseded_checkpoints/<step>`).
 """
 
 from __future__ import annotations
@@ -161,12 +162,14 @@ class Checkpointer:
             return restored
         raise CheckpointError("no readable checkpoint: " + (" | ".join(errors) or f"none in {self.directory}"))
 
-    def move_aside(self, steps, log=None) -> None:
-        """Move the folders of `steps` to `RUN_DIR/corrupt_checkpoints/<step>[.N]` and forget them."""
+    def move_aside(self, steps, log=None, folder: str = "corrupt_checkpoints",
+                   say: str = "moved unreadable checkpoint {src} to {dst}") -> None:
+        """Move the folders of `steps` to `RUN_DIR/<folder>/<step>[.N]` and forget them (`log` gets `say` of
+        each)."""
         if not steps:
             return
         self._mgr.wait_until_finished()
-        aside = os.path.join(self.run_dir, "corrupt_checkpoints")
+        aside = os.path.join(self.run_dir, folder)
         os.makedirs(aside, exist_ok=True)
         for step in steps:
             src = os.path.join(self.directory, str(step))
@@ -177,7 +180,7 @@ class Checkpointer:
                 dst, i = os.path.join(aside, f"{step}.{i}"), i + 1
             shutil.move(src, dst)
             if log is not None:
-                log(f"moved unreadable checkpoint {src} to {dst}")
+                log(say.format(src=src, dst=dst))
         self._mgr.reload()
 
     def close(self):

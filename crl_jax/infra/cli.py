@@ -185,7 +185,8 @@ OVERRIDES_HELP = """overrides:
 
 resuming:
   Rerunning the same command resumes from the newest checkpoint in --out; --steps may grow (the training
-  columns equal an uninterrupted run's). steps, checkpoint_every, keep_checkpoints and eval.every may
+  columns equal an uninterrupted run's); fewer steps than the run already has is refused (exit 2) and
+  leaves the folder as it is. The saved --label is kept unless a new one is given. steps, checkpoint_every, keep_checkpoints and eval.every may
   change on a resume; any other difference is refused, naming the keys.
 """
 

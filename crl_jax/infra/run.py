@@ -19,15 +19,17 @@ which a straight 3-step run has only when `eval.every` divides 2; the training c
 Safety: the folder is locked for the whole run (`RunLock`, an OS lock released when the process dies,
 so a killed run never blocks the next); `config.json` is written only once the run has started (a failed
 start leaves nothing that blocks the corrected command); `--resume never` refuses a folder that holds a
-run unless `overwrite` starts it clean; skipped non-finite updates are warned about, totalled in
-summary.json and stop the run past `max_nonfinite`; Ctrl-C raises `Interrupted` (the CLI exits 130).
+run unless `overwrite` starts it clean; a folder whose run already has more steps than asked for is refused
+and left as it is (resuming it would drop its later checkpoints and rows); config.json is replaced atomically
+and keeps the saved label unless a new one is given; a resumed run whose metrics.csv lacks rows before its
+checkpoint is warned about; skipped non-finite updates are warned about, totalled in summary.json and stop the
+run past `max_nonfinite`; Ctrl-C raises `Interrupted` (the CLI exits 130).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import sys
 import time
@@ -48,7 +50,8 @@ from crl_jax.infra.metrics import MetricsWriter, read_csv, rows_from_chunk, summ
 from crl_jax.learner import pretrain
 from crl_jax.loop.runtime import build
 from crl_jax.infra.run_folder import (  # noqa: F401  (RESUME_FREE: named by this docstring)
-    RESUME_FREE, RunFolderError, RunLock, _check_saved_config, clear_run, holds_run,
+    RESUME_FREE, RunFolderError, RunLock, _check_saved_config, clear_run, holds_run, longer_run_error,
+    missing_rows_warning, newest_checkpoint, write_json_atomic,
 )
 
 CHUNK_STEPS = 10  # iterations of the one compiled chunk program (a fixed number: see the module docstring)
@@ -179,7 +182,8 @@ def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = T
     resume: "latest" (the newest checkpoint must restore), "latest_valid" (the newest that restores; newer
     unreadable ones are moved aside), "never" (refused on a folder holding a run unless `overwrite`).
     overwrite: delete the folder's previous run first. max_nonfinite: stop (`NonFiniteError`) once more
-    updates than this were skipped for non-finite values."""
+    updates than this were skipped for non-finite values. label: None keeps the label saved with the run.
+    A folder whose run already has more than `cfg.steps` steps raises `RunFolderError` and is left as it is."""
     if resume not in ("latest", "latest_valid", "never"):
         raise ConfigError(f"resume={resume!r}: expected latest, latest_valid or never")
     os.makedirs(out_dir, exist_ok=True)
@@ -195,7 +199,10 @@ def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = T
                     f"run folder {out_dir} holds a run (checkpoints {step_dirs(os.path.join(out_dir, 'checkpoints'))}"
                     "); --resume never would mix a new run with it: pass --overwrite to delete it and start again, "
                     "or use another --out")
-            _check_saved_config(out_dir, cfg)
+            saved = _check_saved_config(out_dir, cfg)
+            if resume == "latest" and newest_checkpoint(out_dir) > cfg.steps:  # before building anything
+                raise longer_run_error(out_dir, newest_checkpoint(out_dir), cfg.steps)
+            label = label if label is not None or saved is None else saved.get("label")
         return _run_locked(cfg, out_dir, resume=resume, progress=progress, label=label, main=main,
                            max_nonfinite=max_nonfinite, log=log)
 
@@ -222,13 +229,18 @@ def _run_locked(cfg, out_dir, *, resume, progress, label, main, max_nonfinite, l
     state, done = template, 0
     if holds_run(out_dir) and resume != "never":
         state, done = ck.restore_latest_valid(template, log=log) if resume == "latest_valid" else ck.restore(template)
+        if done > cfg.steps:  # (resume latest_valid) its later rows and checkpoints are kept: nothing is written
+            ck.close()
+            raise longer_run_error(out_dir, done, cfg.steps)
         log(f"resumed {out_dir} from step {done}")
     state = _committed(state)
     if main:  # the run has started: from here on the folder holds it
-        with open(os.path.join(out_dir, "config.json"), "w") as f:
-            json.dump({**to_dict(cfg), "label": label}, f, indent=2)
+        write_json_atomic(os.path.join(out_dir, "config.json"), {**to_dict(cfg), "label": label})
     writer = MetricsWriter(out_dir, purge_step=done + 1) if main else _NoWriter()
     writer.truncate_after(done)
+    missing = missing_rows_warning(out_dir, done) if main else None
+    if missing:
+        _warn(missing)
     call = _caller(cfg, rt, chunk_fn, run_steps, placement)
     bar = None
     if progress and main and done < cfg.steps:

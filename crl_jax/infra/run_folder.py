@@ -1,5 +1,7 @@
-"""The run folder of `crl_jax.infra.run`: its lock (`RunLock`), the saved config a resumed run must match
-(`config_diff`, apart from `RESUME_FREE`), and starting a folder clean (`clear_run`, `--overwrite`).
+"""The run folder of `crl_jax.infra.run` (and of every sweep member): its lock (`RunLock`), the saved config a
+resumed run must match (`config_diff`, apart from `RESUME_FREE`), starting a folder clean (`clear_run`,
+`--overwrite`), config.json written atomically (`write_json_atomic`), the refusal to shorten a run that already
+went further (`longer_run_error`), and the warning for a metrics.csv that lost rows (`missing_rows_warning`).
 """
 
 from __future__ import annotations
@@ -10,14 +12,15 @@ import shutil
 
 from crl_jax.config import Config, ConfigError, drop_removed_keys, to_dict
 from crl_jax.infra.checkpoint import step_dirs
+from crl_jax.infra.metrics import read_csv
 
 RESUME_FREE = ("steps", "checkpoint_every", "keep_checkpoints", "eval.every", "label")  # may change on resume
-RUN_FILES = ("checkpoints", "corrupt_checkpoints", "tb", "metrics.csv", "summary.json", "config.json")
+RUN_FILES = ("checkpoints", "corrupt_checkpoints", "superseded_checkpoints", "tb", "metrics.csv", "summary.json",
+             "config.json")
 
 
 class RunFolderError(ConfigError):
     """The run folder cannot be used as asked (locked by another process, holds another run)."""
-
 
 
 class RunLock:
@@ -72,11 +75,12 @@ def config_diff(saved: dict, now: dict) -> list[str]:
             for k in sorted(set(a) | set(b)) if k not in RESUME_FREE and a.get(k) != b.get(k)]
 
 
-def _check_saved_config(out_dir: str, cfg: Config) -> None:
-    """A folder holding a run resumes only under a config that gives the same training columns."""
+def _check_saved_config(out_dir: str, cfg: Config) -> dict | None:
+    """A folder holding a run resumes only under a config that gives the same training columns; returns the
+    saved config (None: the folder has no config.json)."""
     path = os.path.join(out_dir, "config.json")
     if not os.path.exists(path):
-        return
+        return None
     try:
         with open(path) as f:
             saved = json.load(f)
@@ -87,6 +91,7 @@ def _check_saved_config(out_dir: str, cfg: Config) -> None:
         raise RunFolderError(f"run folder {out_dir} holds a run with another config: {'; '.join(diff[:8])}"
                              f"{' ...' if len(diff) > 8 else ''}; use the same config, another --out, or "
                              "--overwrite to start it again")
+    return saved
 
 
 def holds_run(out_dir: str) -> bool:
@@ -102,3 +107,44 @@ def clear_run(out_dir: str) -> None:
             shutil.rmtree(p)
         elif os.path.exists(p):
             os.remove(p)
+
+
+def newest_checkpoint(out_dir: str) -> int:
+    """The newest step with a checkpoint folder in the run folder (0: none): how far the run went."""
+    return max(step_dirs(os.path.join(out_dir, "checkpoints")), default=0)
+
+
+def longer_run_error(out_dir: str, have: int, asked: int, again: str = "pass --overwrite") -> RunFolderError:
+    """The one-line refusal to run `asked` steps in a folder whose run already has `have` > `asked`: resuming
+    it would drop its later rows and checkpoints, so the folder is left as it is."""
+    return RunFolderError(f"run folder {out_dir} already has {have} steps, more than the {asked} asked for; it is "
+                          f"left as it is: ask for --steps >= {have} to go on, or {again} to start it again")
+
+
+def write_json_atomic(path: str, obj) -> None:
+    """Write `obj` as JSON to `path` through a temporary file and `os.replace`: a kill mid-write leaves the old
+    file (or none), never an empty or half-written one."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def missing_rows_warning(out_dir: str, done: int) -> str | None:
+    """The one-line warning for a run resumed from the checkpoint of step `done` whose metrics.csv lacks rows of
+    steps 1..`done` (deleted or cut short by hand: they are not computed again); None when none is missing."""
+    path = os.path.join(out_dir, "metrics.csv")
+    rows = read_csv(path) if done > 0 and os.path.exists(path) else []
+    have = {int(r["step"]) for r in rows if (r.get("step") or "").isdigit() and int(r["step"]) <= done}
+    if len(have) >= done:
+        return None
+    return (f"crl-jax: warning: {path} lacks the rows of {done - len(have)} of the {done} steps before the "
+            f"checkpoint of step {done} it resumes from (deleted or cut short?); they are not computed again, so "
+            "plots and summary.json miss them (start the run again to have every row)")

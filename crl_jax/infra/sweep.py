@@ -28,7 +28,10 @@ The spec and its expansion into members: `crl_jax.infra.sweep_spec`.
 
 Resume: a member whose folder has a summary.json for the requested number of steps is done; a program
 whose members are all done is skipped (never compiled). Otherwise the program restarts from the latest
-checkpoint step every unfinished member has (chunks of `chunk` steps between checkpoints).
+checkpoint step every unfinished member has (chunks of `chunk` steps between checkpoints); checkpoints a member
+saved past that step before an interrupt are moved aside (`RUN_DIR/superseded_checkpoints/`), as their steps
+are trained again. A sweep never shortens a run: a member folder whose run already has more steps than asked
+for stops the sweep before anything is written (`RunFolderError`, one line).
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ import numpy as np
 
 from crl_jax import loop
 from crl_jax.config import ConfigError, drop_removed_keys, to_dict
-from crl_jax.infra.checkpoint import Checkpointer
+from crl_jax.infra.checkpoint import Checkpointer, step_dirs
 from crl_jax.infra.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
 from crl_jax.infra.plot import plot_runs, t_interval
 from crl_jax.infra.run import _prior_id
+from crl_jax.infra.run_folder import longer_run_error, missing_rows_warning, newest_checkpoint, write_json_atomic
 from crl_jax.infra.sweep_spec import Member, SweepSpec, expand
 from crl_jax.loop.runtime import Runtime, build
 
@@ -154,8 +158,7 @@ def _write_config(m: Member) -> None:
         with open(path) as f:
             if _comparable(drop_removed_keys(json.load(f), path)) != _comparable(now):
                 raise ConfigError(f"run folder {m.run_dir} holds a run with a different config; use another --out")
-    with open(path, "w") as f:
-        json.dump(now, f, indent=2)
+    write_json_atomic(path, now)
 
 
 def _finish(m: Member, steps: int, wall: float) -> dict:
@@ -168,9 +171,20 @@ def _finish(m: Member, steps: int, wall: float) -> dict:
     return s
 
 
+def refuse_shortening(members) -> None:
+    """Raise `RunFolderError` (one line) when a member's folder already holds a run with more steps than its
+    config asks for: resuming it would delete its later rows and fail to save over its later checkpoints."""
+    longer = [(m, newest_checkpoint(m.run_dir)) for m in members if newest_checkpoint(m.run_dir) > m.cfg.steps]
+    if longer:
+        (m, have), more = longer[0], len(longer) - 1
+        where = m.run_dir + (f" (and {more} other member folder(s))" if more else "")
+        raise longer_run_error(where, have, m.cfg.steps, again="use another --out (or delete the folder)")
+
+
 def run_program(prog: Program, *, chunk: int, bar=None, log=print) -> None:
     """Train every unfinished member of one program to `prog.steps`: as one vmapped program, or (a
     program of `vmapped=False`) its one member with the single-run program `loop.compiled_chunk`."""
+    refuse_shortening(prog.members)
     todo = [m for m in prog.members if not is_complete(m.run_dir, prog.steps)]
     if not todo:
         return
@@ -184,11 +198,17 @@ def run_program(prog: Program, *, chunk: int, bar=None, log=print) -> None:
     states = [c.restore(t, done)[0] for c, t in zip(cks, templates)] if done else templates
     if done:
         log(f"resumed {len(todo)} runs from step {done}")
-    writers = [MetricsWriter(m.run_dir) for m in todo]
-    for w in writers:
+    for c in cks:  # saved past the common step before an interrupt: trained again, so their steps must be free
+        c.move_aside([s for s in step_dirs(c.directory) if s > done], log, folder="superseded_checkpoints",
+                     say=f"moved checkpoint {{src}} (newer than step {done}, where the sweep resumes) to {{dst}}")
+    writers = [MetricsWriter(m.run_dir, purge_step=done + 1) for m in todo]
+    for m, w in zip(todo, writers):
         w.truncate_after(done)
         if done == 0 and os.path.exists(w.path):
             os.remove(w.path)
+        missing = missing_rows_warning(m.run_dir, done)
+        if missing:
+            print(missing, file=sys.stderr, flush=True)
     stacked, fb = stack_states(states) if prog.vmapped else (states[0], False)
     t0 = time.time()
     while done < prog.steps:
@@ -273,6 +293,7 @@ def run_sweep(spec: SweepSpec, out: str, *, chunk: int | None = None, progress: 
     """Run (or resume) a sweep into `out`; returns the per-point summary rows (also written to
     `out/summary.md` and `out/summary.csv`)."""
     members = expand(spec, out)
+    refuse_shortening(members)  # before any program runs (or sweep.json is rewritten)
     programs = plan(members, spec.per_point, spec.vmap_seeds)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "sweep.json"), "w") as f:

@@ -5,6 +5,7 @@ program, shared in-process and, through the session's compilation cache, by the 
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -238,6 +239,62 @@ def test_second_writer_is_refused_and_a_stale_lock_does_not_block(tmp_path):
     assert [r["step"] for r in read_csv(os.path.join(d, "metrics.csv"))] == ["1", "2"]
 
 
+def _copy_of(straight, tmp_path):
+    d = tmp_path / "copy"
+    shutil.copytree(straight, d)
+    return d
+
+
+def _snapshot(d):
+    """The files of a run folder that a refused command must leave as they are."""
+    return {n: (d / n).read_bytes() for n in ("config.json", "metrics.csv", "summary.json")} | {
+        "checkpoints": sorted(os.listdir(d / "checkpoints"))}
+
+
+def test_fewer_steps_than_the_run_has_are_refused_and_the_folder_left_as_it_is(straight, tmp_path, capsys):
+    """`--steps 2` on a finished 8-step run: refused with one line (resuming would drop rows 3..8 and could not
+    save over the later checkpoints), nothing written; before, config.json said 2 steps, summary.json 8."""
+    d = _copy_of(straight, tmp_path)
+    before = _snapshot(d)
+    code, err = crl_main(capsys, "train", "--quiet", "--steps", "2", "--out", str(d), *TINY)
+    assert code == 2 and len(err) == 1, err
+    assert "already has 8 steps" in err[0] and "--steps >= 8" in err[0] and "--overwrite" in err[0], err
+    with pytest.raises(RunFolderError, match="already has 8 steps"):
+        train(d, 5, resume="latest_valid")  # (the check after the restore)
+    assert _snapshot(d) == before
+
+
+def test_resume_keeps_the_label_and_warns_of_lost_metrics_rows(straight, tmp_path, capsys):
+    d = _copy_of(straight, tmp_path)
+    code, _ = crl_main(capsys, "train", "--quiet", "--steps", "8", "--out", str(d), "--label", "crl-lr3", *TINY)
+    assert code == 0 and json.loads((d / "config.json").read_text())["label"] == "crl-lr3"
+    lines = (d / "metrics.csv").read_text().splitlines(keepends=True)
+    (d / "metrics.csv").write_text("".join(lines[:4]))  # the header and steps 1..3: 5 of the 8 rows lost
+    code, err = crl_main(capsys, "train", "--quiet", "--steps", "9", "--out", str(d), *TINY)
+    assert code == 0 and json.loads((d / "config.json").read_text())["label"] == "crl-lr3"  # no --label: kept
+    assert len(err) == 1 and "warning" in err[0] and "lacks the rows of 5 of the 8 steps" in err[0], err
+    assert [r["step"] for r in read_csv(os.path.join(d, "metrics.csv"))] == ["1", "2", "3", "9"]
+
+
+def test_config_json_is_replaced_atomically(straight, tmp_path, monkeypatch):
+    """A write of config.json that fails half way (disk full, kill) leaves the previous file whole."""
+    d = _copy_of(straight, tmp_path)
+    before = (d / "config.json").read_text()
+    real = json.dump
+
+    def dump(obj, fp, **kw):
+        if "config.json" in str(getattr(fp, "name", "")):
+            fp.write(json.dumps(obj)[:20])
+            raise OSError(28, "No space left on device")
+        return real(obj, fp, **kw)
+
+    monkeypatch.setattr(json, "dump", dump)
+    with pytest.raises(OSError, match="No space"):
+        train(d, 8)
+    monkeypatch.undo()
+    assert (d / "config.json").read_text() == before and not (d / "config.json.tmp").exists()
+
+
 def test_failed_start_then_corrected_command_and_mismatch_names_keys(tmp_path):
     d = tmp_path / "run"
     with pytest.raises(ConfigError, match="rooom"):
@@ -353,8 +410,6 @@ def _poison(d):
     state, step = ck.restore(final_state(d)[0])
     params = jax.tree_util.tree_map(lambda x: x * np.nan, state.actor.params)
     ck.close()
-    import shutil
-
     shutil.rmtree(d / "checkpoints" / str(step))
     ck = Checkpointer(str(d))
     ck.save(step, state.replace(actor=state.actor.replace(params=params)))

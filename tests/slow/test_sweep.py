@@ -120,6 +120,30 @@ def test_resume(swept, singles, tmp_path):
     assert sweep.TRACES == n_traces  # same chunk length, same Runtime: no new compile
 
 
+def test_an_interrupt_between_member_saves_resumes(swept, tmp_path):
+    """Killed after crl/seed0 saved its step-2 checkpoint, before the other members saved theirs (the vmapped
+    members save in turn): the rerun resumes every member from their common step (0 here), moving crl/seed0's
+    newer checkpoint aside, instead of failing to save over it on every rerun. Same program: no new compile."""
+    out, _, _ = swept
+    cont = str(tmp_path / "cont")
+    shutil.copytree(out, cont)
+    dirs = {(m, s): os.path.join(cont, m, f"seed{s}") for m in ("crl", "grpo") for s in (0, 1)}
+    for key, d in dirs.items():
+        os.remove(os.path.join(d, "summary.json"))
+        if key != ("crl", 0):
+            shutil.rmtree(os.path.join(d, "checkpoints", "2"))
+            os.remove(os.path.join(d, "metrics.csv"))
+    n_traces, logs = dict(sweep.TRACES), []
+    run_sweep(SPEC, cont, chunk=2, progress=False, plot=False, log=logs.append)
+    assert sweep.TRACES == n_traces
+    assert os.listdir(os.path.join(dirs["crl", 0], "superseded_checkpoints")) == ["2"]
+    assert any("superseded_checkpoints" in line for line in logs), logs
+    for (m, s), d in dirs.items():
+        assert os.listdir(os.path.join(d, "checkpoints")) == ["2"]
+        assert _read(os.path.join(d, "metrics.csv")) == _read(os.path.join(out, m, f"seed{s}", "metrics.csv"))
+        assert json.loads(_read(os.path.join(d, "summary.json")))["steps"] == 2
+
+
 def test_runtime_changing_hyperparameter_makes_two_programs(tmp_path):
     spec = SweepSpec(overrides=BASE, grid={"actor.lr": [3e-4, 1e-3], "method": ["crl", "grpo"],
                                            "loss.advantage": ["split", "cross_group"]}, seeds=(0, 1))
@@ -185,6 +209,16 @@ def test_demo_runs_every_run_alone_and_equals_single_runs(singles, tmp_path, cap
     assert "held-in, with exp" in table and "n/a" in table  # grpo has no with-experience evaluation
     assert os.path.getsize(os.path.join(out, "comparison.png")) > 0
     assert "plot:" in capsys.readouterr().out
+    # asking for fewer steps than the runs have is refused with one line, every run folder left as it is (before:
+    # metrics.csv cut to the new length, the save refused, summary.json still saying 2 steps)
+    files = [os.path.join(out, m, f"seed{s}", n) for m in ("crl", "grpo") for s in (0, 1)
+             for n in ("metrics.csv", "summary.json", "config.json")]
+    before = {f: _read(f) for f in files}
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--seeds", "2", "--steps", "1", "--out", out, *MICRO])
+    err = [line for line in capsys.readouterr().err.splitlines() if "crl-jax:" in line]
+    assert e.value.code == 2 and len(err) == 1 and "already has 2 steps" in err[0] and "--steps >= 2" in err[0], err
+    assert {f: _read(f) for f in files} == before
 
 
 def test_a_member_folder_saved_with_removed_keys_is_still_the_same_run(tmp_path):
