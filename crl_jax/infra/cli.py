@@ -82,15 +82,9 @@ def _restore_run(run_dir):
 def read_run_config(path: str) -> dict:
     """A run folder's config.json as a dict; a damaged one is a ConfigError naming the file."""
     from crl_jax.config import ConfigError
+    from crl_jax.infra.errors import read_json
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (ValueError, OSError) as e:  # JSONDecodeError, UnicodeDecodeError, a directory, no permission
-        raise ConfigError(f"run config {path} is damaged or unreadable ({e})") from None
-    if not isinstance(d, dict):
-        raise ConfigError(f"run config {path} is damaged: it holds a {type(d).__name__}, not a mapping")
-    return d
+    return read_json(path, error=ConfigError, what="run config")
 
 
 def _evaluator(cfg, rt):

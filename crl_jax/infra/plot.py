@@ -15,7 +15,6 @@ held-out), bank size, extractor reward.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections import defaultdict
@@ -24,6 +23,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from crl_jax.config import ConfigError
+from crl_jax.infra.errors import read_json
 from crl_jax.infra.metrics import _complete, column, read_csv
 
 HEADLINE = "heldin_deployed"  # pseudo-column: eval_heldin_with_exp where a group has it, else _without_exp
@@ -69,14 +69,7 @@ def run_label(run_dir: str) -> str:
     folder's own name. Never the method alone: two different crl runs are two curves."""
     cfg = os.path.join(run_dir, "config.json")
     if os.path.exists(cfg):
-        try:
-            with open(cfg, encoding="utf-8") as f:
-                saved = json.load(f)
-        except (ValueError, OSError) as e:  # JSONDecodeError, UnicodeDecodeError, a folder
-            raise ConfigError(f"run config {cfg} is damaged or unreadable ({e})") from None
-        if not isinstance(saved, dict):
-            raise ConfigError(f"run config {cfg} is damaged: it holds a {type(saved).__name__}, not a mapping")
-        label = saved.get("label")
+        label = read_json(cfg, error=ConfigError, what="run config").get("label")
         if label:
             return str(label)
     path = os.path.normpath(os.path.abspath(run_dir))

@@ -29,7 +29,7 @@ from safetensors import safe_open
 
 # One error class for every unreadable checkpoint (run-folder Orbax checkpoints and model files alike): the
 # CLI catches it and prints one line. Raised here with a message naming the file, tensor or config field.
-from crl_jax.infra.errors import CheckpointError  # noqa: F401
+from crl_jax.infra.errors import CheckpointError, read_json  # noqa: F401  (CheckpointError: re-exported)
 from crl_jax.models.transformer import Transformer, TransformerConfig, as_dtype
 from crl_jax.text.tokenizers import HFTokenizer
 
@@ -59,20 +59,6 @@ def load_hf_folder(path: str, *, dtype: str = "float32"):
     with SafetensorsSource(path) as src:
         model = build_model(cfg, src)
     return model, tokenizer
-
-
-def read_json(file: str, kind=dict):
-    """A model folder's JSON file (config.json, an index, tokenizer_config.json) holding a `kind`; anything
-    else is a CheckpointError naming the file."""
-    try:
-        with open(file, encoding="utf-8") as f:
-            d = json.load(f)
-    except (ValueError, OSError) as e:  # JSONDecodeError, UnicodeDecodeError, a folder, no permission
-        raise CheckpointError(f"{file!r} is not valid JSON: {e}") from None
-    if not isinstance(d, kind):
-        raise CheckpointError(f"{file!r} must hold a JSON {'object' if kind is dict else kind.__name__}, "
-                              f"got a {type(d).__name__}")
-    return d
 
 
 # ----------------------------------------------------------------------------------------------

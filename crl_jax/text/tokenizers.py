@@ -227,7 +227,7 @@ class HFTokenizer:
         tj = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(tj):
             raise FileNotFoundError(f"no tokenizer.json in model folder {path!r}")
-        from crl_jax.infra.errors import CheckpointError
+        from crl_jax.infra.errors import CheckpointError, read_json
 
         try:
             tok = hf.Tokenizer.from_file(tj)
@@ -236,13 +236,7 @@ class HFTokenizer:
         cfg = {}
         tc = os.path.join(path, "tokenizer_config.json")
         if os.path.isfile(tc):
-            try:
-                with open(tc, encoding="utf-8") as f:
-                    cfg = json.load(f)
-            except (ValueError, OSError) as e:
-                raise CheckpointError(f"{tc!r} is not valid JSON: {e}") from None
-            if not isinstance(cfg, dict):
-                raise CheckpointError(f"{tc!r} must hold a JSON object, got a {type(cfg).__name__}")
+            cfg = read_json(tc)
         try:
             return cls._from_parts(tok, cfg, path)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError, OSError) as e:
