@@ -166,6 +166,13 @@ def iteration(rt: Runtime, state: LoopState):
     return finish(rt, state, p, ep)
 
 
+def distill_mask(mode: str, guided):
+    """[N] bool: the episodes distilled, every one ("all") or the guided subgroup ("guided_only") whether or not
+    its query found an entry (with `has_exp` instead, an empty bank, or a level with no entry, never got its first
+    one)."""
+    return guided.astype(bool) if mode == "guided_only" else jnp.ones(guided.shape, bool)
+
+
 def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
     """Steps 4-7 from the played episodes (of any backend: `success`, `reward`, `turns` [N] and what the
     backend's distill / actor batch read): credit, pruning, distillation, co-update, merge -> (state, metrics)."""
@@ -193,9 +200,7 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
 
     # 5. distillation (skipped at run time for methods that do not edit the bank); a RETURN decision's reward
     # is what its group's free rollouts earned (stored only with extraction.return_samples > 0)
-    # ("guided_only": the episodes of the guided subgroup, whether or not their query found an entry; with
-    # `has_exp` an empty bank, or a level with no entry, would never get its first one)
-    mask = guided if cfg.extraction.distill == "guided_only" else jnp.ones((N,), bool)
+    mask = distill_mask(cfg.extraction.distill, guided)
     ret_value, ret_ok = credit.return_values(cfg.extraction.reward, success.reshape(G, K), guided.reshape(G, K))
 
     def do_distill(bb):

@@ -84,9 +84,10 @@ def test_grouped_merge_order_never_mixes_levels():
         b, _ = bank_lib.add(b, jnp.asarray([i, i]), 2, jnp.asarray(k, jnp.float32), 0, 0, i)
     slots, start = grouped_order(b, 0, chunk=2, num_chunks=5, min_similarity=0.95)
     chunks = np.asarray(slots).reshape(5, 2).tolist()
-    # A's entries (slots 0, 2, 3) from chunk 0, B's (1, 4) from a fresh chunk, then C alone
-    assert chunks == [[0, 2], [3, -1], [1, 4], [5, -1], [-1, -1]]
-    assert np.asarray(start).tolist() == [True, False, True, True, False]
+    # A's entries (slots 0, 2) fill chunk 0, B's (1, 4) a fresh chunk; an entry alone in its chunk (A's third,
+    # slot 3, and C's only one, slot 5) is not laid out: a merge has nothing to combine it with
+    assert chunks == [[0, 2], [1, 4], [-1, -1], [-1, -1], [-1, -1]]
+    assert np.asarray(start).tolist() == [True, True, False, False, False]
 
 
 def test_prune_removes_exactly_the_entries_below_threshold():

@@ -221,6 +221,17 @@ def test_malformed_replies_are_trained_with_the_invalid_reward_when_asked(monkey
     assert np.asarray(buf.response)[new][:, :2].tolist() == [reply] * 3
 
 
+def test_guided_only_distils_the_guided_subgroup_even_where_nothing_was_retrieved():
+    """extraction.distill: "guided_only" is the guided subgroup (rollouts 0, 1 here), not the rollouts that
+    found an entry: on an empty bank none has, and with that mask the bank never got its first entry."""
+    from crl_jax.loop.iteration import distill_mask
+
+    guided = jnp.array([True, True, False, False])
+    assert distill_mask("guided_only", guided).tolist() == [True, True, False, False]
+    assert distill_mask("all", guided).tolist() == [True] * 4
+    assert jax.jit(lambda g: distill_mask("guided_only", g))(guided).tolist() == [True, True, False, False]
+
+
 def test_resolve_ops_literal():
     """`resolve_ops` on the LLM path's [episodes, ops per reply] layout (has_exp broadcast per episode)."""
     from crl_jax.extractor.distill import ADD, RETURN, UPDATE, resolve_ops

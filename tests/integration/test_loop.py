@@ -54,12 +54,10 @@ def test_vmapped_seeds_equal_single_runs():
 
 @pytest.mark.parametrize("extra", [["method=grpo"], ["method=static_online"], ["method=exp_only"],
                                    ["loss.group_split=false"], ["loss.advantage=cross_group"],
-                                   ["extraction.merge=false"], ["extraction.distill=guided_only"]])
+                                   ["extraction.merge=false"]])
 def test_methods_and_ablations_share_one_program_and_run(extra):
     cfg = micro(*extra)
-    if cfg.extraction.distill != "all":  # a static choice of the iteration: a program of its own
-        assert build(cfg) is not build(micro())
-    elif cfg.extraction.merge:
+    if cfg.extraction.merge:
         assert build(cfg) is build(micro())  # one Runtime, one compiled program for all of them
     else:  # no merges: the sample buffer is only as wide as a distillation, so its own Runtime and program
         assert build(cfg) is not build(micro())

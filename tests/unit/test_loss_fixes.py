@@ -95,9 +95,9 @@ def _sampled_batches(temperature, trained_width):
             ts.ExtractorBatch(tokens, mask, blogp, adv, jnp.array(True), response_width=trained_width))
 
 
-@pytest.mark.parametrize("temperature", [0.7, 0.0])
-@pytest.mark.parametrize("trained_width", [None, 6])  # every position / the compact head over the 6 replies' slots
-@pytest.mark.parametrize("fused", [True, False])
+# trained_width: every position (None) / the compact head over the 6 replies' slots
+@pytest.mark.parametrize("temperature, trained_width, fused", [(0.7, None, True), (0.7, 6, False), (0.7, 6, True),
+                                                               (0.0, None, True)])
 def test_llm_losses_score_at_the_sampling_temperature(temperature, trained_width, fused):
     st = _state()
     ab, eb = _sampled_batches(temperature, trained_width)
