@@ -17,6 +17,6 @@ from crl_jax.bank.retrieve import (  # noqa: F401
     Retriever, make_retriever, retrieve, retrieve_best,
 )
 from crl_jax.bank.transitions import (  # noqa: F401
-    add, add_many, update, update_many, apply_merge, credit, prune, size, family_counts,
+    add, add_many, can_update, update, update_many, apply_merge, credit, prune, size, family_counts,
 )
 from crl_jax.bank.ops import BankOps, make_bank_ops  # noqa: F401

@@ -109,7 +109,9 @@ def add_many(bank: ExperienceBank, tokens, lengths, keys, task, step, source, ma
     return jax.lax.scan(body, bank, xs)
 
 
-def _can_write(bank: ExperienceBank, slot, expect_order) -> jax.Array:
+def can_update(bank: ExperienceBank, slot, expect_order=None) -> jax.Array:
+    """`update` would write `slot` (any shape of slots): in range, valid, and (given `expect_order`) still
+    holding the entry of that insertion counter."""
     in_range = (slot >= 0) & (slot < bank.capacity)
     safe = jnp.clip(slot, 0, bank.capacity - 1)
     ok = in_range & bank.valid[safe]
@@ -127,7 +129,7 @@ def update(bank: ExperienceBank, slot, tokens, length, step, source, *, key=None
     Usage counts, FIFO position and lifetime credit are kept.
     """
     chex.assert_shape(tokens, (bank.entry_len,))
-    ok = _can_write(bank, slot, expect_order)
+    ok = can_update(bank, slot, expect_order)
     safe = jnp.clip(slot, 0, bank.capacity - 1)
     new = bank.replace(
         tokens=bank.tokens.at[safe].set(jnp.asarray(tokens, jnp.int32)),

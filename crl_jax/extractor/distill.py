@@ -102,7 +102,7 @@ def update_targets(bank, has_exp, slots):
     """[N] bool: the entry an episode retrieved (`slots` [N], where `has_exp`) is still in `bank` — this
     step's pruning may have removed it before distillation. An UPDATE without a target is resolved like one
     chosen where nothing was retrieved (`resolve_ops`): written as a new entry, or not at all."""
-    return has_exp & bank.valid[jnp.clip(slots, 0, bank.valid.shape[0] - 1)]
+    return has_exp & bank_lib.can_update(bank, slots)
 
 
 def apply_operations(bank_ops: bank_lib.BankOps, bank, writes, op, entry, entry_len, keys, slots, ids, key, step,
@@ -122,9 +122,7 @@ def apply_operations(bank_ops: bank_lib.BankOps, bank, writes, op, entry, entry_
         w, o, e, el, k, s, sid, order, i = xs
         added, _ = bank_ops.add(b, e, el, k, jnp.int32(0), step, sid, rng=jax.random.fold_in(key, 1000 + i))
         updated = bank_ops.update(b, s, e, el, step, sid, expect_order=order)
-        safe = jnp.clip(s, 0, b.valid.shape[0] - 1)
-        gone = ~(b.valid[safe] & (b.insert_order[safe] == order))  # the entry to rewrite is not there any more
-        as_add = (o == ADD) | (fallback_add & gone)
+        as_add = (o == ADD) | (fallback_add & ~bank_lib.can_update(b, s, order))  # its entry is gone
         nb = jax.tree_util.tree_map(lambda a, u: jnp.where(as_add, a, u), added, updated)
         return jax.tree_util.tree_map(lambda n_, o_: jnp.where(w, n_, o_), nb, b), None
 

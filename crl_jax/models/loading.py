@@ -101,7 +101,7 @@ def config_from_hf(hf: dict, *, dtype: str = "float32", source: str = "config.js
         raise CheckpointError(f"{source}: {e}") from None
 
 
-def _number(hf: dict, key: str, value, kind, source: str):
+def _number(key: str, value, kind, source: str):
     number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not number or (kind is int and value != int(value)):
         raise CheckpointError(f"{source}: field {key!r} must be {'an integer' if kind is int else 'a number'}, "
@@ -125,11 +125,11 @@ def _config_from_hf(hf: dict, dtype: str, source: str) -> TransformerConfig:
     def need(key, kind=int):
         if key not in hf:
             raise CheckpointError(f"{source}: missing field {key!r} needed for {arch}")
-        return _number(hf, key, hf[key], kind, source)
+        return _number(key, hf[key], kind, source)
 
     def opt(key, default, kind=int):
         v = hf.get(key, default)
-        return None if v is None else _number(hf, key, v, kind, source)
+        return None if v is None else _number(key, v, kind, source)
 
     act = hf.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
