@@ -43,18 +43,18 @@ class ModelConfig:
     dtype: str = "float32"  # parameter dtype: float32 | bfloat16
     scan_unroll: int = -1  # layers per iteration of the training forward's layer scan (TransformerConfig.scan_unroll);
     #                        0 = every layer: straight-line layers, whose saved activations are not copied into
-    #                        [L, ...] stacks (a SmolLM2-shape CPU step 0.78x; compiles longer; bench/RESULTS.md);
+    #                        [L, ...] stacks (a SmolLM2-shape CPU step 0.78x; compiles longer);
     #                        -1 = auto: every layer on a GPU (the LLM actor step compiled for an H200: 57% less
     #                        elementwise traffic, half the launches, less temporary memory), 1 elsewhere
     pack_mlp: bool | None = True  # gate and up as one packed matmul in the full forward (the LLM path's learner;
     #                               the tiny path's default losses score through `hidden_at`, which keeps them
     #                               apart), with a one-pass backward (TransformerConfig.pack_mlp); on every mesh
     #                               (it all-reduces no more bytes than two matmuls: bench/mesh_collectives.py);
-    #                               None (configs of session 20: "follow the mesh") = on. On the CPU with
+    #                               None (older configs: "follow the mesh") = on. On the CPU with
     #                               mesh.tensor 1 its weight is one [H, 2I] matrix (TransformerConfig.merge_gate_up)
     lr: float = 1e-3  # AdamW learning rate (constant); paper uses 1e-6 for 7B/4B LLMs (tiny actor: GRPO tuned
     #                   on seeds 100-103, never on the reported seeds: 3e-3 moved the policy by approx KL 0.3-2
-    #                   per update and oscillated, experiments/RESULTS.md)
+    #                   per update and oscillated)
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # global-norm gradient clip
     temperature: float = 1.0  # sampling temperature during training rollouts
@@ -155,8 +155,8 @@ class ExtractorConfig:
     #                           drawn at random among the step's invalid ones; 0 = never trained, the reference)
     invalid_reward: float = -1.0  # the reward of a malformed reply stored by `invalid_samples`
     update_unretrieved: str = "add"  # an UPDATE chosen when nothing was retrieved: "add" writes its entry as a new
-    #                                  one (our decision: else a run can collapse into no-op UPDATEs, RESULTS.md);
-    #                                  "ignore" writes nothing (the behaviour before 2026-12-02)
+    #                                  one (our decision: else a run can collapse into no-op UPDATEs);
+    #                                  "ignore" writes nothing (the old behaviour)
     op_explore: float = 0.0  # tiny path: the op token is drawn from (1 - this) * policy + this * uniform over the
     #                          ops (exploration: every op keeps >= this/3 probability, so a collapsed extractor
     #                          still tries ADD; behaviour log-probs are the mixture's); 0 = off (the paper)
@@ -202,7 +202,7 @@ class PretrainConfig:
     aux_rows: int = 64  # synthetic rows per actor optimizer step in the auxiliary loss
     extractor_aux_rows: int = 16  # the same for each extractor optimizer step (its RL batch is extraction.batch
     #                              rows, 8 by default; 64 aux rows made the extractor update ~1/4 of a CRL step
-    #                              on CPU: experiments/bench/RESULTS.md, session 15)
+    #                              on CPU)
     aux_op_weight: float = 0.0  # weight of the extractor prior's uniform ADD / RETURN target inside the
     #                             auxiliary loss (1 = the prior's own loss; 0 = only the copy skill is kept,
     #                             when to write is left to RL)
@@ -211,7 +211,7 @@ class PretrainConfig:
 
 @dataclass(frozen=True)
 class LLMPromptConfig:
-    """LLM path: prompt variants a small instruct model follows (crl_jax/text/prompts; measured in RESULTS.md)."""
+    """LLM path: prompt variants a small instruct model follows (crl_jax/text/prompts; measured in docs/RESULTS.md)."""
 
     example: bool = True  # one worked example turn (user board + assistant answer) before the actor's first turn
     think: bool = False  # ask for one short thought before the answer (else: a one-line answer only)

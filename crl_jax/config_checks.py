@@ -20,7 +20,7 @@ class ConfigError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------
-# Keys removed from the config (issue #15): each one either restated what the path (tiny vs LLM, i.e.
+# Keys removed from the config (CHANGELOG 0.1.0): each one either restated what the path (tiny vs LLM, i.e.
 # `actor.preset`) fixes or had a single legal value, so every run that started held exactly that value
 # (extraction.format was not read at all on the tiny path). A config file or override that names one is an
 # error saying so; a run folder's saved config.json that holds them still loads (`drop_removed_keys`), so

@@ -108,8 +108,8 @@ def decode_plan(cfg: SamplerConfig, capacity: int, num_layers: int, backend: str
     Explicit `cfg` values win. By backend (0 / -1): a GPU runs the live-block loop of `attend_live` (its trip
     count is data-dependent) with a host round trip per iteration, and a layer scan slices every layer's weights
     at every step, so there one block covers the whole cache and every layer is unrolled (H200, SmolLM2-135M
-    shape, bf16, P 128 + N 128: 2.6x faster at batch 1 and at batch 256 than 128-slot blocks with the layer scan;
-    experiments/bench/RESULTS.md). CPUs and TPUs loop on the device: 128-slot blocks (cost grows with the tokens
+    shape, bf16, P 128 + N 128: 2.6x faster at batch 1 and at batch 256 than 128-slot blocks with the layer
+    scan). CPUs and TPUs loop on the device: 128-slot blocks (cost grows with the tokens
     written) and unrolled layers up to 8 deep. The GPU choice was measured at a 256-slot capacity only: with a
     cache of thousands of slots and few of them written (a long LLM conversation's first turns), reading the whole
     cache each step may cost more than the round trips; set `attn_block` there after measuring.
@@ -183,8 +183,8 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
     make XLA clamp the writes).
     layers: None (straight-line decoding slices and fuses the layer weights in this program), or
     `decode_layers(graphdef, params)` computed beforehand, which straight-line decoding then reads instead: weights
-    in buffers that outlive the call (`prepare`) make a repeated batch-1 call faster (experiments/bench/RESULTS.md,
-    session 27). They must be those of `params`; the layer scan of a deeper model ignores them.
+    in buffers that outlive the call (`prepare`) make a repeated batch-1 call faster.
+    They must be those of `params`; the layer scan of a deeper model ignores them.
     """
     chex.assert_rank([prompt, prompt_len, start], [2, 1, 1])
     B, P = prompt.shape
@@ -290,7 +290,7 @@ def prepare(model) -> Prepared:
     """`model` (a Transformer, its (graphdef, params) split, or a `Prepared`) with its decode weights computed
     once, for many `generate` calls on the same weights, as a sampler object holds its model. Without it each call
     slices and fuses the layer weights in its own program: on the 2-core CPU a batch-1 call of the Tunix benchmark's
-    model (32 + 32 tokens) takes about 0.82x the time with it (experiments/bench/RESULTS.md, session 27). Costs a
+    model (32 + 32 tokens) takes about 0.82x the time with it. Costs a
     second copy of the layer weights, and only for a model that the backend decodes with straight-line layers
     (`decode_plan`; a deeper one keeps None, and its layer scan reads the stacked weights). Prepare again after the
     weights change: the snapshot does not follow them."""

@@ -76,7 +76,7 @@ def categorical_inverse_cdf(key, logp):
 
     Inverse CDF of ONE uniform per row: token t with c[t-1] <= u < c[t], c = cumsum(exp(logp)). Gumbel-max
     (`jax.random.categorical`) needs B*V random draws per step; on a 2-core CPU at V 2,048 they were 2.6 ms of
-    a ~17 ms decode step at batch 64 and a tenth of a batch-1 step (experiments/bench/RESULTS.md). A token
+    a ~17 ms decode step at batch 64 and a tenth of a batch-1 step. A token
     of probability 0 is never drawn (its c equals the one before it, and the index is clamped to the last
     token of positive probability). Float32 resolution: the cumulative sum rounds at ~1e-7, so a token's
     chance is exact up to ~1e-7 absolute (Gumbel-max in float32 likewise never draws tokens below ~4e-8).

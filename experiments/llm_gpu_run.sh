@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #17 build item 5: SmolLM2-135M-Instruct as actor AND extractor, CRL vs GRPO on the LIT room, for as
+# SmolLM2-135M-Instruct as actor AND extractor, CRL vs GRPO on the LIT room, for as
 # many steps as fit in a time budget on one GPU; curves and numbers under OUT_DIR. Prepared on CPU, not run.
 #
 #   experiments/llm_gpu_run.sh [OUT_DIR]        # default: ${OUT:-runs}/llm_gpu

@@ -1,4 +1,4 @@
-"""Do two trees of crl_jax give the same metrics? (issue #15: a restructuring must not change a number.)
+"""Do two trees of crl_jax give the same metrics? (A restructuring must not change a number.)
 
     python experiments/same_metrics.py --before <commit> [--after <commit or worktree path>] [--runs ...]
 
@@ -22,7 +22,7 @@ file rounds away. Both files are compared byte for byte; the script prints IDENT
 first differing row and column) per run, and exits 0 only if every run is identical.
 
 What the in-process driver relies on, in both trees (it fails loudly, never silently, when one moved; each
-module is looked up at its path in the package layout of #15 first, then at its path before it, so a BEFORE
+module is looked up at its path in the package layout first, then at its path before it, so a BEFORE
 tree of the old flat layout and an AFTER tree of the new one both work):
 - `crl_jax.infra.cli.main(argv)` (old: `crl_jax.cli`) (the `train` command with `--steps/--seed/--method/--out/--quiet` and
   key=value overrides) for the CLI runs;
@@ -87,7 +87,7 @@ def _literal(path: str, name: str):
 
 
 def _first_literal(tree: str, places) -> object:
-    """The literal `name = ...` of the first (path, name) that exists in `tree` (the tests moved in #15)."""
+    """The literal `name = ...` of the first (path, name) that exists in `tree` (the tests moved in the package regrouping)."""
     for rel, name in places:
         path = os.path.join(tree, rel)
         if os.path.exists(path):
@@ -110,7 +110,7 @@ def run_specs(after: str) -> dict:
 # ------------------------------------------------------------------------------------------------
 # The driver (runs inside a tree's subprocess)
 
-# module -> where it was before the package layout of issue #15 (a BEFORE tree may be of either layout)
+# module -> where it was before the package layout (a BEFORE tree may be of either layout)
 LAYOUTS = {
     "crl_jax.infra.cli": ("crl_jax.infra.cli", "crl_jax.cli"),
     "crl_jax.infra.metrics": ("crl_jax.infra.metrics", "crl_jax.metrics"),

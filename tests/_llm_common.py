@@ -6,7 +6,7 @@ from crl_jax.models import transformer as tr
 
 try:
     from crl_jax.backends.llm import runtime as lrt
-except ModuleNotFoundError as e:  # experiments/same_metrics.py runs this file in a tree of the layout before #15 too
+except ModuleNotFoundError as e:  # experiments/same_metrics.py runs this file in a tree of the layout before the package regrouping too
     if e.name not in ("crl_jax.backends", "crl_jax.backends.llm"):
         raise
     from crl_jax.llm import runtime as lrt  # the flat layout (crl_jax/llm/runtime.py)

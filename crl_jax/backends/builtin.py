@@ -48,7 +48,7 @@ def init_models(rt, cfg, k_a, k_e):
 def buffer_dims(cfg, merge_pieces):
     # Merge generations share the buffer with distillations: room for both when merges run. Without merges the
     # rows are only as wide as a distillation (tiny default: 48 + 21 tokens instead of 215 + 105; the CRL step
-    # got ~1.4x cheaper on CPU; experiments/bench/RESULTS.md, session 14).
+    # got ~1.4x cheaper on CPU).
     if not cfg.extraction.merge:
         return cfg.extraction.prompt_len, cfg.extraction.max_new_tokens
     return (max(cfg.extraction.prompt_len, merge_prompt_len(cfg, merge_pieces)),

@@ -7,7 +7,7 @@
 - `ops.py`: `make_bank_ops`, which binds the hyperparameters of all of these once (`BankOps`);
 - `io.py`: JSONL export / import and decoded inspection (host side).
 
-This module is the public API (`crl_jax.bank.init / add / update / retrieve / ExperienceBank`, DESIGN.md).
+This module is the public API (`crl_jax.bank.init / add / update / retrieve / ExperienceBank`; docs/ARCHITECTURE.md, "Public API").
 """
 
 from crl_jax.bank.state import (  # noqa: F401

@@ -1,6 +1,6 @@
 """Host-side inspection of an experience bank: decode entries, print them, export JSON lines.
 
-Text is decoded only here, at the edge (DESIGN.md principle 3). Used by `crl-jax bank show / export`.
+Text is decoded only here, at the edge (docs/ARCHITECTURE.md, "Principles"). Used by `crl-jax bank show / export`.
 """
 
 from __future__ import annotations

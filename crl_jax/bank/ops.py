@@ -1,7 +1,7 @@
 """The bank's functions with their hyperparameters bound once (flashbax's `make_*_buffer`, purejaxrl's
 `make_train`). Exported by `crl_jax.bank`.
 
-`init`, `add`, `prune`, `retrieve`, ... take their hyperparameters as arguments (the public API, DESIGN.md);
+`init`, `add`, `prune`, `retrieve`, ... take their hyperparameters as arguments (the public API, docs/ARCHITECTURE.md);
 `make_bank_ops(...)` binds them into a `BankOps` whose functions take data only (a Runtime's
 `rt.bank_ops`, from the `bank.*` config: `crl_jax.backends.base.bank_ops`).
 """

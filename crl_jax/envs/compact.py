@@ -1,6 +1,6 @@
 """The compact view of a grid observation: a few atomic tokens a from-scratch transformer reads quickly.
 
-Measured on the dark room (experiments/RESULTS.md): a 2-layer transformer trained by RL on the ~113-byte
+Measured on the dark room: a 2-layer transformer trained by RL on the ~113-byte
 NetHack-style text (`crl_jax.envs.render`) stays at random success for 150 steps, while a table indexed by
 (level, turn) learns the task in ~60: what is slow is reading the level and the turn out of bytes. The
 compact view gives the same information the text shows around the hero as one token per fact:

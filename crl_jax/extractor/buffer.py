@@ -7,7 +7,7 @@ Each extractor generation (prompt, response, behaviour log-probs) gets a monoton
 bank records that id as the `source` of the entries it writes, and rewards come back by id through
 `credit`. A sample is trained when it has pending reward (reward_count > 0); `pop_batch` takes the oldest
 such samples, resets their pending reward and leaves them in the buffer, so they can be credited and
-trained again later (with the repeat weight of DESIGN.md `repeat_weights`).
+trained again later (with the repeat weight `crl_jax.losses.repeat_weights`).
 
 Accounting (all cumulative scalars):
 - `overflow_count`: evictions of a sample that still had pending reward (reward_count > 0) or had never
@@ -16,7 +16,7 @@ Accounting (all cumulative scalars):
 - `dropped`: credit rows (mask True, id >= 0) whose sample id is no longer in the buffer; they are ignored.
 Credit rows with id < 0 (an entry no generation wrote) are ignored without counting.
 
-The functions below take their hyperparameters as arguments (the public API, DESIGN.md);
+The functions below take their hyperparameters as arguments (the public API, docs/ARCHITECTURE.md);
 `make_buffer_ops(...)` binds them once (flashbax's `make_*_buffer`) into a `BufferOps` whose functions take
 data only (a Runtime's `rt.buffer_ops`).
 """
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from crl_jax.losses import repeat_weights  # re-exported: DESIGN.md `repeat_weights`
+from crl_jax.losses import repeat_weights  # re-exported: part of the buffer's public API
 
 _INT_MAX = jnp.iinfo(jnp.int32).max
 

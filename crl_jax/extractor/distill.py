@@ -43,7 +43,7 @@ def resolve_ops(op, has_exp, update_unretrieved: str):
     `extraction.update_unretrieved`): there is no entry to rewrite, so the entry is written as a new one.
     With "ignore" such an UPDATE writes nothing, as a RETURN does; an extractor whose UPDATEs are rewarded
     on guided episodes can then drift into writing nothing at all (no-op UPDATEs on every other episode,
-    no new entries, the bank pruned away: experiments/RESULTS.md)."""
+    no new entries, the bank pruned away; seen on 1 of 5 demo seeds)."""
     if update_unretrieved == "add":
         return jnp.where((op == UPDATE) & ~has_exp, ADD, op)
     return op

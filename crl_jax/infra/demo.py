@@ -20,7 +20,7 @@ ROWS = (("late.eval_heldin_with_exp", "held-in, with exp (late)"),
         ("success_guided_last10", "guided success (last 10)"), ("success_free_last10", "free success (last 10)"),
         ("success_all_last10", "train success (last 10)"), ("env_steps", "env steps"))
 
-# Paired differences (same seed) that the [effect] targets are about: (label, (method, key), (method, key)).
+# Paired differences (same seed) that the demo's claims are about: (label, (method, key), (method, key)).
 DIFFS = (("crl with exp - grpo (held-in)", ("crl", "late.eval_heldin_with_exp"), ("grpo", "late.eval_heldin_without_exp")),
          ("crl without exp - grpo (held-in)", ("crl", "late.eval_heldin_without_exp"),
           ("grpo", "late.eval_heldin_without_exp")),

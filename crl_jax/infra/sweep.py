@@ -69,10 +69,10 @@ class Program:
 
 def vmap_by_backend(backend: str | None = None) -> bool:
     """The default of `vmap_seeds`: vmapped seeds on accelerators, one run after another on CPUs. Measured with the
-    embedded default (2026-12-04): on 2 CPU cores, 8 vmapped seeds took 1.02-1.10x the time of the same 8 run in
+    embedded default: on 2 CPU cores, 8 vmapped seeds took 1.02-1.10x the time of the same 8 run in
     turn (steady state, interleaved), so vmapping buys nothing there and running alone keeps each run's
     progress, checkpoints and memory its own; on an H200, 8 vmapped seeds cost 2.86x one seed (from a fresh
-    state, experiments/bench/RESULTS.md), i.e. 2.8x faster than 8 in turn."""
+    state), i.e. 2.8x faster than 8 in turn."""
     return (backend or jax.default_backend()) != "cpu"
 
 

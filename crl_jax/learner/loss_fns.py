@@ -290,7 +290,7 @@ def response_window_logits(graphdef, params, tokens, start, width: int):
     Equal to the full forward's logits gathered there (`Transformer.hidden_at`: the last layer and the
     unembedding run for the W rows only). The extractor's losses score a response of at most W tokens after a
     prompt of up to T - W: on the tiny default (48 + 21 tokens, 2 layers) this made the gradient of the
-    auxiliary loss ~1.6x cheaper on the 2-core CPU (experiments/bench/RESULTS.md, session 15)."""
+    auxiliary loss ~1.6x cheaper on the 2-core CPU."""
     T = tokens.shape[1]
     pos = start[:, None] + jnp.arange(width)[None, :]
     model = tr.merge(graphdef, params)

@@ -1,4 +1,4 @@
-"""Train states for the actor and the extractor, and the single jit-compiled co-update (DESIGN.md §2).
+"""Train states for the actor and the extractor, and the single jit-compiled co-update (docs/ARCHITECTURE.md, "Principles").
 
 `TrainState` is a pure pytree: the NNX graph definition and the optax transformation are static
 (aux data), params / optimizer state / counters are leaves, so states jit, shard and checkpoint as
@@ -128,7 +128,7 @@ def token_logprobs(graphdef, params, tokens: jax.Array, mask: jax.Array, *, with
     tokens, mask [B, T] -> logp [B, T] float32, entropy [B, T] float32 or None.
 
     A model with `unembed_matrix` (the transformer) is scored from its final hidden states with
-    `chunked_logprobs`: no [B, T, V] float32 logits in the forward or the backward pass (issue #16).
+    `chunked_logprobs`: no [B, T, V] float32 logits in the forward or the backward pass.
     """
     chex.assert_rank([tokens, mask], 2)
     chex.assert_equal_shape([tokens, mask])

@@ -107,7 +107,7 @@ def repeat_weights(times_trained: jax.Array, last_trained_step: jax.Array, step,
     step only. A never-trained sample has last_trained_step = -1 and is never in cooldown.
     times_trained, last_trained_step [N] -> [N] float32.
 
-    Deviates from DESIGN.md's `step - last < cooldown`: the loop pops the buffer once per step, so no sample is
+    Deviates from the first design's `step - last < cooldown`: the loop pops the buffer once per step, so no sample is
     trained twice in one step and with cooldown 1 that formula never fires, whereas METHOD.md step 7 ("w = 0 if
     the sample was trained within the last delta steps", delta = 1) means the previous step counts.
     """

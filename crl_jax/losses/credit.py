@@ -15,7 +15,7 @@ Variants (`entry_rewards(variant, ...)`):
 
 RETURN decisions (our extension, `extraction.return_samples`): the paper never rewards a `<RETURN>`, so
 only writes are trained and a run whose extractor stops writing has no sample left to learn from (the
-RETURN collapse, experiments/RESULTS.md). `return_values` gives a RETURN the reward an entry would earn if
+RETURN collapse). `return_values` gives a RETURN the reward an entry would earn if
 the guided rollouts did exactly as well as the group's free ones (the value of playing without an entry),
 on the same scale as the variant's entry rewards, so CISPO's batch baseline compares writing with not
 writing.

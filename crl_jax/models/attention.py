@@ -1,4 +1,4 @@
-"""Decode-time attention over the live part of a KV cache (issue #16).
+"""Decode-time attention over the live part of a KV cache.
 
 A sampler's cache has capacity S = P + N slots, but at decode step i only P + i + 1 of them hold keys.
 `attend_live` reads the cache block by block and stops after the last written block, so the cost of a
@@ -29,7 +29,7 @@ from crl_jax.models.blocked_attention import causal_blocked_attention
 ATTN_IMPLS = ("auto", "einsum", "xla", "cudnn", "blocked")
 # "auto" runs "blocked" on a CPU from this many tokens. SmolLM2-135M shape, 2-core CPU, B 2, float32, a whole
 # update: T 1,280 0.43x einsum's time, T 384 0.89x, T 256 (one block) 0.94x; the tiny models' T < 100 equal within
-# noise (experiments/bench/RESULTS.md, session 25), so they keep einsum.
+# noise, so they keep einsum.
 BLOCKED_MIN_LEN = 256
 
 
@@ -37,8 +37,8 @@ def attention_impl(impl: str, dtype, head_dim: int, backend: str | None = None,
                    compute_capability: str | None = None, seq_len: int | None = None) -> str:
     """The implementation `dense_attention` runs for `impl`. "auto": "cudnn" on a CUDA GPU of compute capability
     >= 8.0 for bf16 / fp16 inputs with a head dim <= 128 that is a multiple of 8 (H200, Qwen2.5-0.5B shape, bf16,
-    B 8 x T 2048: a training step 3.7x faster than "einsum", logits within 7e-3 relative;
-    experiments/bench/RESULTS.md); "blocked" on a CPU for a sequence of at least `BLOCKED_MIN_LEN` (`seq_len`;
+    B 8 x T 2048: a training step 3.7x faster than "einsum", logits within 7e-3 relative);
+    "blocked" on a CPU for a sequence of at least `BLOCKED_MIN_LEN` (`seq_len`;
     None: not known, einsum); else "einsum" (TPU runs are unchanged by "auto")."""
     if impl != "auto":
         return impl

@@ -1,10 +1,10 @@
-"""Causal attention in blocks of queries and keys, with its own backward pass (issue #16, the CPU learner).
+"""Causal attention in blocks of queries and keys, with its own backward pass (the CPU learner).
 
 The "einsum" attention (`attention.dense_attention`) differentiated by autodiff keeps every layer's [B, Hq, T, T]
 float32 probabilities for the backward pass (stacked over the layer scan: 3.5 GB at SmolLM2-135M's shape, B 2 x
 T 1,280), computes the tiles above the causal diagonal only to mask them, and XLA:CPU copies its scores into the
 layout of the next matmul, which in the backward reads the probabilities transposed (about 0.8 GB/s: 7.2 s of the
-forward and 4.3 s of the backward in a 35 s actor update, experiments/bench/RESULTS.md session 25). Here:
+forward and 4.3 s of the backward in a 35 s actor update). Here:
 
 - the forward runs one query block at a time against the keys up to that block's end (the tiles above the diagonal
   are never computed) and keeps only q, k, v, the output and each query's log-sum-exp;

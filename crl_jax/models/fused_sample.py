@@ -1,4 +1,4 @@
-"""The sampler's fused batch-1 path (issue #16): when it applies (`wanted`), the draw of a token as one Pallas
+"""The sampler's fused batch-1 path: when it applies (`wanted`), the draw of a token as one Pallas
 kernel, and the decode loop made of nothing but kernels.
 
 Why. With the layers in Pallas kernels (`fused_decode`), XLA's sampling was most of what remained of a batch-1

@@ -78,7 +78,7 @@ def dense(x, w, w_axes: str = "kf", preferred_element_type=None):
     contracts B and T, XLA:CPU then transposes the [B, T, F] cotangent in a loop fusion that also computes every
     elementwise op it absorbs (the SiLU's backward), at ~13 ns per element: the 3-D transpose is not vectorised.
     From the 2-D product it takes the transposed operand as it is. The tiny actor's MLP gradient over 320 x 19
-    rows: 20.7 -> 5.7 ms, the same bits (experiments/bench/RESULTS.md, session 23). w's own axes stay apart (the
+    rows: 20.7 -> 5.7 ms, the same bits. w's own axes stay apart (the
     packed gate / up [K, 2, I]): merged into [K, 2I] they cost a tensor-sharded I its sharding on a mesh, so only
     the caller merges them, where no tensor axis exists (`TransformerConfig.merge_gate_up`)."""
     f = "abcdefgh"[: w.ndim - 1]
@@ -103,7 +103,7 @@ def swiglu(gu):
     one elementwise pass that reads dy and gu and writes dgu, which one matmul each then turns into dx and the
     packed weights' gradient. Autodiff of silu(g) * u on separate g and u makes XLA write its derivative chain in
     two passes (7 [tokens, I] tensors read or written per layer where this needs 5; `gpu_aot.py`'s count at the
-    Qwen2.5-0.5B training shape, experiments/bench/RESULTS.md).
+    Qwen2.5-0.5B training shape).
     """
     return jax.nn.silu(gu[..., 0, :]) * gu[..., 1, :]
 

@@ -1,5 +1,5 @@
 """A turn's forward over the rows that matter, a block of rows at a time, each block only as wide as it needs
-(issue #16: the agentic rollout).
+(the agentic rollout).
 
 `Transformer.last_hidden` over a batch of right-padded prompts computes every row at the batch's packed width.
 The slots past each row's length are computed and thrown away, and so are the rows of episodes that have
@@ -18,7 +18,7 @@ longest message), and at 10 turns about 3 in 10 turn rows belong to finished epi
   slot past it.
 
 The saving is the skipped work: on the 2-core CPU every variant runs at the same rate, and the agentic turn is
-x1.6 (8 episodes) to x2.4 (64) faster (`experiments/bench/turn_blocks.py`, RESULTS.md). Rows that are not live
+x1.6 (8 episodes) to x2.4 (64) faster (`experiments/bench/turn_blocks.py`). Rows that are not live
 get zeros.
 """
 

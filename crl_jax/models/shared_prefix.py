@@ -1,4 +1,4 @@
-"""One encoding per distinct prefix: the rollouts of a group share their head (issue #16 item 3).
+"""One encoding per distinct prefix: the rollouts of a group share their head.
 
 The K rollouts of a GRPO group start with the same text: the same task and, on the free rows, no tip (the
 guided rows share theirs when they retrieved the same entry). `encode_unique_prefixes` finds the distinct rows

@@ -22,7 +22,7 @@ Call forms (tokens are `[B, T]` int32):
   of the layer scan (the sampler does this for shallow models: no per-step slice of the stacked weights); the
   cache may then hold one buffer per layer (`split_cache`), as the sampler's does.
 
-The cached path (issue #16) carries the whole `[L, B, S, Hkv, D]` cache through the layer scan and
+The cached path carries the whole `[L, B, S, Hkv, D]` cache through the layer scan and
 writes only the new slots (`dynamic_update_slice` on the carried buffer, in place under jit: no copy of
 the stacked layers per call), and attends block by block over the live slots `0 .. i+T-1` only
 (`attn_block` slots per block, online softmax in float32), so a decode step costs what has been written,
@@ -116,7 +116,7 @@ class Transformer(nnx.Module):
         """The stacked layer weights sliced into one dict per layer. A decode loop slices once, before the loop,
         and passes the list as `layers=`: inside the loop a layer `scan` would slice (copy) every layer's weights
         again at every step (on the 2-core CPU a batch-1 sampler call of the 4-layer bench shape is x1.27 faster
-        without those copies; experiments/bench/RESULTS.md). `fused`: q/k/v and gate/up concatenated into one
+        without those copies). `fused`: q/k/v and gate/up concatenated into one
         matrix each ("wqkv", "w_gate_up", and the biases "bqkv"; the layer code splits their products), two and one
         matmuls fewer per layer, for another ~x1.1 at batch 1 (same weights copied once: the slicing is a copy
         anyway)."""
@@ -360,7 +360,7 @@ def split_cache(cache: dict) -> dict:
     """The cache with k and v as lists of per-layer buffers [B, S, Hkv, D], for straight-line layers
     (`layers=`): each layer then writes and reads its own buffer. From the stacked [L, ...] arrays a decode step
     reads a layer through a slice, which XLA materialises (on an H200 at SmolLM2 shape, B 256: a copy of every
-    layer's keys and values at every step, 29% of the decode's device time; experiments/bench/RESULTS.md).
+    layer's keys and values at every step, 29% of the decode's device time).
     `stack_cache` undoes it."""
     L = cache["k"].shape[0]
     return dict(cache, k=[cache["k"][i] for i in range(L)], v=[cache["v"][i] for i in range(L)])

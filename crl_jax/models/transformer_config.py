@@ -80,13 +80,13 @@ class TransformerConfig:
     #                       an H200, by experiments/bench/gpu_aot.py's count: -35 GB of copies); compiles longer
     pack_mlp: bool = True  # the uncached forward packs gate / up into one [L, H, 2, I] matmul whose product
     #                        `layers.swiglu` differentiates in one pass (5 [B, T, I] tensors per layer, not 7; at
-    #                        the Qwen2.5-0.5B shape 7-62 GB and 94-240 launches fewer per step; bench/RESULTS.md).
+    #                        the Qwen2.5-0.5B shape 7-62 GB and 94-240 launches fewer per step).
     #                        On a mesh that shards parameters it all-reduces as many bytes as two matmuls or fewer
     #                        (bench/mesh_collectives.py)
     merge_gate_up: bool = False  # the packed matmul over its weight viewed as [H, 2I] (one output axis), not
     #                              [H, 2, I]: XLA:CPU then keeps `swiglu`'s backward out of the transpose that feeds
     #                              the weight's gradient (SmolLM2-shape extractor update on a 2-core CPU 5.24 ->
-    #                              4.02-4.15 s, bench/RESULTS.md session 24). Off on a mesh with a 'tensor' axis: a
+    #                              4.02-4.15 s). Off on a mesh with a 'tensor' axis: a
     #                              merged axis cannot keep I's tensor sharding (it all-reduces the whole product)
     family: str = "llama"  # informational: llama | qwen2 | qwen3 | tiny
     attn_impl: str = "auto"  # uncached attention: "einsum" (float32 softmax, any backend) | "xla" | "cudnn"

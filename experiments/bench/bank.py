@@ -3,7 +3,7 @@
     python experiments/bench/bank.py                          # 1k / 20k entries x 128 / 1024 queries, D=384 and 64
     python experiments/bench/bank.py --quick                  # short smoke run
     python experiments/bench/bank.py --sizes 20000,100000 --queries 1024,8192 --json /tmp/bank.json   # e.g. GPU
-    python experiments/bench/bank.py --results experiments/bench/RESULTS.md --date 2026-11-30 --hardware '...'
+    python experiments/bench/bank.py --results bench.md --date YYYY-MM-DD --hardware '...'
 
 For each (entries N, queries Q, key dim D) a full bank of N entries spread over --families task families
 is built directly (random unit keys). Timed, jitted, after one compile/warm-up call, median of --reps:
@@ -95,7 +95,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="1k entries, 128 queries, D=64, 2 reps")
     p.add_argument("--json", help="write the rows as JSON here")
-    p.add_argument("--results", help="append a markdown table to this file (e.g. experiments/bench/RESULTS.md)")
+    p.add_argument("--results", help="append a markdown table to this file (e.g. bench.md)")
     p.add_argument("--date", default=datetime.date.today().isoformat())
     p.add_argument("--hardware", default=None, help="hardware description for --results")
     args = p.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Decode before vs after #16 items 1-2, measured in one process: the old sampler (cache restacked by the
+"""Decode before vs after the in-place KV cache and live-length attention, measured in one process: the old sampler (cache restacked by the
 layer scan every step, attention over the whole capacity) vs the library's (cache written in place;
 attention over the live blocks only).
 
@@ -7,7 +7,7 @@ attention over the live blocks only).
     python experiments/bench/decode_cache.py --smoke                 # a few seconds (CI)
 
 Variants (same weights, prompts and key, greedy, no stop token so every step runs):
-- `old`: experiments/bench/legacy_decode.py (the code before #16);
+- `old`: experiments/bench/legacy_decode.py (the code before the in-place KV cache);
 - `inplace`: the library with `attn_block` >= capacity (one block = the whole cache: item 2 alone);
 - `live`: the library with `attn_block` = --block (items 2 + 3);
 - `inplace_unrolled` / `live_unrolled`: the same with the layers as straight-line code (`unroll_layers` = the

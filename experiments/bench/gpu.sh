@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU benchmark of issue #16 in one run (<= 8 minutes on one H200), one results file.
+# Every GPU benchmark (docs/PERFORMANCE.md) in one run (<= 8 minutes on one H200), one results file.
 #
 #   experiments/bench/gpu.sh [RESULTS.json]          # default: $OUT/gpu_results.json, else ./gpu_results.json
 #   experiments/bench/gpu.sh --smoke [RESULTS.json]  # tiny sizes on CPU in tens of seconds (CI: tests/integration/test_gpu_script.py)
@@ -41,15 +41,15 @@
 #   forward is not run again in the backward);
 #   explore_mfu_unroll(_mlp) = the fused head with the 24 layers unrolled (scan_unroll=24: the saved activations
 #   are not copied into [L, ...] stacks), without remat (gpu_aot.py's floor: 110 ms, the best) and with the MLPs
-#   rematerialised (122 ms); the first also with the causal mask as a dense cuDNN bias, as before session 21
+#   rematerialised (122 ms); the first also with the causal mask as a dense cuDNN bias, as the library did earlier
 #   (cudnn_fused_bias: the before / after of cuDNN's plain causal kernel); explore_mfu_unroll_chunk4k = the first
 #   with 4,096-row head chunks, not 1,024 (gpu_aot.py: the [H, V] float32 gradient added to 4 times, not 16:
 #   -20 GB in and out of the head's GEMMs, -144 launches, +2.8 GB temporary memory); explore_llm_head_unroll =
-#   llm_head with every layer unrolled, the learner's GPU default since session 21 (gpu_aot.py --what llm: 57% less
+#   llm_head with every layer unrolled, the learner's GPU default (gpu_aot.py --what llm: 57% less
 #   elementwise traffic than the scan llm_head times);
 #   explore_mfu_cublas = the fused-head variant with full remat and every matmul on cuBLAS (XLA's Triton GEMM
 #   fusions off)
-# Targets (issue #16): decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
+# Targets: decode >= 100k tok/s at B 256; batch-1 step <= 0.3 ms; MFU >= 40 %; 8 seeds <= 3x one.
 # At the end it prints (and stores as "targets") each target's best measured value, its step and whether it is
 # met (experiments/bench/gpu_targets.py; also `python experiments/bench/gpu_targets.py RESULTS.json`).
 set -u
@@ -139,15 +139,15 @@ else
   step llm_head 90 llm_head.py --loss extractor,actor --batch 8 --prompt-len 768 --reply-len 16 --turns 8 \
     --dtype bfloat16 --reps 3
   if [ "$EXPLORE" = 1 ]; then
-    # first: the MFU target's best candidates by gpu_aot.py's count (RESULTS.md, session 19)
-    # cudnn_fused_bias: the same step with the causal mask as a dense cuDNN bias (before session 21)
+    # first: the MFU target's best candidates by gpu_aot.py's count
+    # cudnn_fused_bias: the same step with the causal mask as a dense cuDNN bias (the library's old path)
     step explore_mfu_unroll 200 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
       --scan-unroll 24 --variants cudnn_fused,cudnn_fused_bias
     step explore_mfu_unroll_mlp 150 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 \
       --remat-policy mlp --scan-unroll 24 --variants cudnn_fused
     step explore_mfu_unroll_chunk4k 150 train_mfu.py --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --remat 0 \
       --scan-unroll 24 --head-chunk 4096 --variants cudnn_fused
-    # the LLM losses with every layer unrolled: the runs' GPU default since session 21 (llm_head times the scan)
+    # the LLM losses with every layer unrolled: the runs' GPU default (llm_head times the scan)
     step explore_llm_head_unroll 120 llm_head.py --loss extractor,actor --batch 8 --prompt-len 768 --reply-len 16 \
       --turns 8 --dtype bfloat16 --reps 3 --scan-unroll 0
     step explore_pallas_tiles 150 sampler.py --model smollm2-shape --batches 1 --prompt-len 128 --new-tokens 128 \
@@ -172,7 +172,7 @@ else
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false" step explore_mfu_cublas 70 train_mfu.py \
       --preset qwen2.5-0.5b --batch 8 --seq 2048 --reps 4 --variants cudnn_fused
   fi
-  # [llm] (issue #17): SmolLM2 CRL vs GRPO on the lit room (experiments/llm_gpu_run.sh), only when
+  # [llm]: SmolLM2 CRL vs GRPO on the lit room (experiments/llm_gpu_run.sh), only when
   # LLM_BUDGET_S > 0 — the benchmarks above take most of the 8 minutes, so on a 10-minute device call
   # run it as its own call: LLM_BUDGET_S=420 bash experiments/bench/gpu.sh --llm-only
   :
@@ -218,7 +218,7 @@ for rc_file in sorted(glob.glob(os.path.join(work, "*.rc"))):
         entry["log_tail"] = open(log).read()[-3000:]
     out["steps"][name] = entry
 sys.path.insert(0, os.path.join(os.getcwd(), "experiments", "bench"))
-try:  # the #16 targets' verdicts (gpu_targets.py), also in the file
+try:  # the GPU targets' verdicts (gpu_targets.py), also in the file
     import gpu_targets
     out["targets"] = gpu_targets.targets(out["steps"])
     print(gpu_targets.table(out["targets"]))

@@ -18,7 +18,7 @@ their known trip counts:
 - everything else (elementwise, reductions, copies, dynamic updates): bytes read and written, from the operand
   and result shapes; a kernel with a dynamic-update-slice is taken as in place (the update read and written,
   each other operand counted at most at the update's size), one that slices counts the slices it takes of
-  each operand (two halves of one operand: both; until session 20 each operand counted at most at the result's
+  each operand (two halves of one operand: both; an earlier version counted each operand at most at the result's
   size, an undercount). Estimates, not measurements.
 and a floor for the step: matmul FLOPs at `--peak` plus the other kernels' bytes at `--bandwidth`; and a second
 one with each matmul at its roofline (the longer of its FLOPs at `--peak` and its operand and result bytes at

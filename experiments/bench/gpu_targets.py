@@ -1,4 +1,4 @@
-"""Issue #16's GPU targets read out of a `gpu.sh` results file: one verdict table per lease.
+"""The GPU targets (docs/PERFORMANCE.md) read out of a `gpu.sh` results file: one verdict table per lease.
 
     python experiments/bench/gpu_targets.py RESULTS.json      # the table (gpu.sh prints it when it ends)
 

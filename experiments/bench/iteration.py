@@ -12,7 +12,7 @@ stay conds; `--plain-vmap`: plain `jax.vmap`, the conds become selects). Compile
 Timed steps start from a state trained `--warmup` steps first (default 8), so the timed regime is the steady one:
 the extractor's sample buffer holds a ready batch (the extractor trains; from a fresh state it does not until
 step 3 of the default) and the bank holds entries. The run reports the fraction of timed CRL steps in which the
-extractor trained (`crl_extractor_ready`) and the entries merged per step. Before 2026-12-04 the steps were
+extractor trained (`crl_extractor_ready`) and the entries merged per step. Earlier the steps were
 timed from a fresh state, where the extractor was not yet training: the CRL / GRPO and vmap ratios of that day's
 H200 run and earlier left the extractor update out. CRL and GRPO are timed call by call in turn, and
 `crl_over_grpo_min_med_max` gives the ratio per repeat (this 2-core CPU drifts up to 1.5x between runs).

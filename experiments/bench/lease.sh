@@ -9,9 +9,9 @@
 # 2. records the machine (nvidia-smi, python, jax and its devices) in $OUT/env.txt, and stops if crl_jax does not
 #    import there;
 # 3. runs gpu.sh with the default plan, DEADLINE_S (default 540) seconds in all, results in $OUT/gpu_results.json,
-#    ending with the #16 targets' verdict table (gpu_targets.py).
-# The plan: the open targets of issue #16 first (the batch-1 step with and without the Pallas kernels, the MFU),
-# then the candidates the deviceless counts ranked best (RESULTS.md, sessions 19-21), the least important last,
+#    ending with the GPU targets' verdict table (gpu_targets.py).
+# The plan: the open GPU targets first (the batch-1 step with and without the Pallas kernels, the MFU),
+# then the candidates the deviceless counts ranked best, the least important last,
 # where the deadline cuts. train_mfu reads the MFU's peak from the device kind (an H100 or an H200).
 set -u
 cd "$(dirname "$0")/../.."

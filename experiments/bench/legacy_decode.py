@@ -1,4 +1,4 @@
-"""The cached forward and sampler as they were before #16, kept only as the benchmark's baseline.
+"""The cached forward and sampler as they were before the in-place KV cache, kept only as the benchmark's baseline.
 
 Before: the layer scan took the cache's k / v stacks as scanned inputs and returned new stacks as
 outputs (XLA writes a fresh [L, B, S, Hkv, D] buffer per model call, i.e. a copy of the whole cache per
@@ -73,7 +73,7 @@ def legacy_cached_forward(model, tokens, *, positions, attention_mask, cache, ca
 
 
 def legacy_sample_tokens(graphdef, params, prompt, prompt_len, key, cfg: S.SamplerConfig, allowed_tokens=None):
-    """`sampling.sample_tokens` before #16 (same sampling order and outputs; old cached forward)."""
+    """`sampling.sample_tokens` before the in-place KV cache (same sampling order and outputs; old cached forward)."""
     B, P = prompt.shape
     N = cfg.max_new_tokens
     model = tr.merge(graphdef, params)

@@ -113,7 +113,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--merge-gate-up", type=int, default=-1,
                    help="TransformerConfig.merge_gate_up (1 / 0); -1: as a run without a tensor axis (1 on the CPU)")
     p.add_argument("--lora-rank", type=int, default=0, help="train rank-r adapters over a frozen base (0: full)")
-    p.add_argument("--attn", default="auto", help="TransformerConfig.attn_impl (einsum: the path before session 25's "
+    p.add_argument("--attn", default="auto", help="TransformerConfig.attn_impl (einsum: the path before the "
                    "blocked attention, which auto picks on a CPU from 256 tokens)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--json", default=None)

@@ -1,10 +1,10 @@
-"""The LLM rollout with and without `rollout.share_prefix` (issue #16 item 3), per call, interleaved.
+"""The LLM rollout with and without `rollout.share_prefix`, per call, interleaved.
 
     python experiments/bench/llm_prefix.py [--layers 4] [--episodes 8] [--turns 3] [--reps 5] [--group-size 1]
 
 The LLM path's `play` (crl_jax.backends.llm.rollout) on the SmolLM2-135M shape (random weights, the first
 `--layers` blocks, float32), the real SmolLM2 tokenizer, chat template and prompts of experiments/configs/
-smollm2_room.yaml, greedy: `whole` prefills head + conversation at every turn (the path before #16), `shared`
+smollm2_room.yaml, greedy: `whole` prefills head + conversation at every turn (the path before the shared prefix), `shared`
 encodes the head (system text, task) once per distinct head and carries the conversation's keys and values from turn
 to turn, so each turn prefills only its new user part (`continue_tokens`). Prints the head and
 prompt widths, ms per call of each and the per-call ratio whole / shared (min / median / max); the two play the

@@ -36,7 +36,7 @@ from crl_jax.models import transformer as tr
 
 
 def old_token_logprobs(graphdef, params, tokens, mask):
-    """The learner's function before #16 (full float32 logits), kept here only as the baseline."""
+    """The learner's old function (full float32 logits), kept here only as the baseline."""
     logits = nnx.merge(graphdef, params)(tokens)[:, :-1].astype(jnp.float32)
     lse = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, tokens[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]

@@ -10,7 +10,7 @@ buffers and bytes they move (XLA combines collectives into one op over a tuple o
 the buffers one variant all-reduces that the other does not. Each program also runs once, and the two variants'
 losses and gradients on the same mesh are compared (packing must not change them).
 
-Until session 21 this script counted only collectives over a single buffer, so a combined all-reduce of two
+An earlier version of this script counted only collectives over a single buffer, so a combined all-reduce of two
 buffers went uncounted; the packed variant, whose gate / up gradient is one buffer, looked like it all-reduced
 more, and `ModelConfig.pack_mlp` was off on parameter-sharding meshes because of it.
 """

@@ -4,7 +4,7 @@
     python experiments/bench/sampler.py --quick              # short smoke run
     python experiments/bench/sampler.py --model smollm2 --batches 1,8,64,256 --new-tokens 128 \
         --dtype bfloat16 --json /tmp/sampler.json            # e.g. on a GPU
-    python experiments/bench/sampler.py --results experiments/bench/RESULTS.md   # append the table
+    python experiments/bench/sampler.py --results bench.md   # append the table
 
 Prefill: one jitted forward of B prompts of P tokens into a fresh KV cache (what `sample_tokens` runs
 first) -> B*P / time. Generate: the full jitted `generate` (prefill + N decode steps, temperature 1,
@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-kernel", default="xla", choices=["xla", "pallas", "pallas_interpret"],
                     help="SamplerConfig.decode_kernel (batch-1 decode steps; pallas: Triton kernels, CUDA GPUs)")
     ap.add_argument("--weights", choices=["prepared", "per-call"], default="prepared",
-                    help="decode weights made once by `sampling.prepare` (default since session 27), or sliced and "
+                    help="decode weights made once by `sampling.prepare` (the default), or sliced and "
                          "fused inside every generate call (before)")
     ap.add_argument("--fused-set", default="",
                     help="with --decode-kernel pallas*: ';'-separated settings of models/fused_decode.py's tile "

@@ -4,10 +4,10 @@
 
 One step = forward + backward of the token log-prob loss + AdamW, bf16 parameters, optional remat per
 block. `--variants chunked,full,cudnn` measures the library's vocabulary-tiled `train_state.token_logprobs`
-and the full-logits version it replaced (#16), both with einsum attention, and the tiled one with cuDNN
+and the full-logits version it replaced, both with einsum attention, and the tiled one with cuDNN
 flash attention (`TransformerConfig.attn_impl="cudnn"`, GPU only; `cudnn_fullmask`: the same without
 `is_causal`, so the kernel also computes the tiles above the diagonal; a `_bias` suffix: the causal mask handed to
-cuDNN as a dense [B, 1, T, T] bias, with `is_causal`, the library before session 21, where the unpadded forward now
+cuDNN as a dense [B, 1, T, T] bias, with `is_causal`, the library's old path, where the unpadded forward now
 passes no mask; `fused` / `cudnn_fused`: the loss through
 `train_state.token_loss`, the head's gradient taken in its forward pass, three vocabulary matmuls, not four)
 in one process; each variant's row is printed when done. MFU = model FLOPs / time / peak, with model
@@ -47,7 +47,7 @@ _DENSE = attention.dense_attention
 
 def _dense_mask(keep_causal: bool):
     """`dense_attention` handed the causal mask as a dense [B, T, T] one where the unpadded forward passes none (a
-    [B, 1, T, T] bias for cuDNN, as the library did before session 21), with or without its `is_causal` flag."""
+    [B, 1, T, T] bias for cuDNN, as the library did earlier), with or without its `is_causal` flag."""
 
     def attend(q, k, v, mask, num_kv_heads, impl="einsum", causal=False):
         if mask is None:
@@ -59,7 +59,7 @@ def _dense_mask(keep_causal: bool):
 
 
 def old_token_logprobs(gd, params, tokens, mask):
-    """The learner's log-probs before #16: full [B, T, V] float32 logits (the baseline of --variants)."""
+    """The learner's log-probs of old: full [B, T, V] float32 logits (the baseline of --variants)."""
     logits = nnx.merge(gd, params)(tokens)[:, :-1].astype(jnp.float32)
     picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
     return jnp.where(mask[:, 1:], picked - jax.nn.logsumexp(logits, axis=-1), 0.0)
@@ -89,7 +89,7 @@ def measure(cfg, variant: str, a) -> dict:
     # explicit attention (the library's default "auto" takes cuDNN on a GPU): chunked / full = einsum attention
     cfg = cfg.replace(attn_impl="cudnn" if variant.startswith("cudnn") else "einsum")
     # cudnn_fullmask: a dense mask without `is_causal` (the kernel then computes the tiles above the diagonal too);
-    # *_bias: a dense mask with `is_causal` (the library before session 21); else no mask, `is_causal` alone
+    # *_bias: a dense mask with `is_causal` (the library's old path); else no mask, `is_causal` alone
     masked = variant == "cudnn_fullmask" or variant.endswith("_bias")
     tr.dense_attention = _dense_mask(variant != "cudnn_fullmask") if masked else _DENSE  # what Transformer calls
     state = ts.create_train_state(tr.create(cfg, jax.random.key(0)), optax.adamw(1e-5))
@@ -148,8 +148,8 @@ def main(argv=None):
     p.add_argument("--peak", type=float, default=None,
                    help="FLOP/s for the MFU (default: the device kind's dense bf16 peak, else 989e12)")
     p.add_argument("--variants", default="chunked",
-                   help="comma list of chunked, full (before #16), cudnn, cudnn_fullmask, fused, cudnn_fused; "
-                        "a _bias suffix: the dense causal mask of before session 21")
+                   help="comma list of chunked, full (the old full-logits path), cudnn, cudnn_fullmask, fused, cudnn_fused; "
+                        "a _bias suffix: the old dense causal mask")
     p.add_argument("--smoke", action="store_true", help="tiny model, batch 2, seq 64, 1 rep (CPU)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)

@@ -2,8 +2,8 @@
 
     bash experiments/bench/tunix_setup.sh                      # once: the separate Tunix venv
     python experiments/bench/tunix_agentic.py --quick
-    python experiments/bench/tunix_agentic.py --episodes 16,64 --turns 10 --results experiments/bench/RESULTS.md \
-        --date 2026-12-01 --hardware '2-core CPU'
+    python experiments/bench/tunix_agentic.py --episodes 16,64 --turns 10 --results bench.md \
+        --date YYYY-MM-DD --hardware '2-core CPU'
 
 Both sides: the same Llama-3-shaped model and weights (`tunix_common`), our byte tokenizer's ids (bytes,
 PAD 256, action tokens `<north>` .. `<west>`), FrozenLake 6x6 non-slippery with the SAME maps (our
@@ -14,10 +14,10 @@ constrained action token per turn sampled at temperature 1.
   keys and values encoded once per distinct task text (`share_prefix`; every episode here has the same task line,
   so, with rows in groups of 8 as the loop's `prefix_block` would have them, it is one encoding of up to 8 rows)
   and a forward over the rest of each turn's prompt
-  (`--whole-prompt`: the whole prompt every turn, as before #16). With `--turn-block B` (default 8, as
+  (`--whole-prompt`: the whole prompt every turn, as before the shared prefix). With `--turn-block B` (default 8, as
   `rollout.turn_block`) that forward runs over the unfinished episodes only, B at a time, each block only as
   wide as its longest prompt (multiples of 16 slots; `crl_jax.models.row_blocks`); `--turn-block 0`: every
-  episode at the packed width P every turn, finished ones masked (the path before session 13).
+  episode at the packed width P every turn, finished ones masked (the old path).
 - Tunix: `TrajectoryCollectEngine.collect_multiple` (what its agentic learner runs per group) over
   (agent, env) pairs, asyncio + a thread pool, one vanilla-Sampler call (batch 1, prompt padded to
   the same P, all non-action tokens forbidden) per episode per turn; an episode stops when done.
@@ -190,7 +190,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="8 episodes, 5 turns, 3 reps")
     ap.add_argument("--whole-prompt", action="store_true",
-                    help="ours without the shared prefix (every turn runs the whole prompt: the path before #16)")
+                    help="ours without the shared prefix (every turn runs the whole prompt: the path before the shared prefix)")
     ap.add_argument("--turn-block", type=int, default=8,
                     help="ours: `rollout.turn_block` (each turn over the unfinished episodes only, this many at a "
                          "time, each block as wide as its longest prompt); 0: every episode at the packed width")

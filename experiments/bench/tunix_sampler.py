@@ -3,7 +3,7 @@
     bash experiments/bench/tunix_setup.sh                      # once: the separate Tunix venv
     python experiments/bench/tunix_sampler.py --quick          # short run
     python experiments/bench/tunix_sampler.py --batches 1,8,64,256 --prompt-len 128 --new-tokens 128  # GPU
-    python experiments/bench/tunix_sampler.py --results experiments/bench/RESULTS.md --date 2026-12-01 \
+    python experiments/bench/tunix_sampler.py --results bench.md --date YYYY-MM-DD \
         --hardware '2-core CPU'
 
 Same model (a small Llama-3 shape, `tunix_common.bench_shape`), same weights (Tunix's
@@ -18,7 +18,7 @@ tokens/s = B * N / wall time of one whole call (prefill + decode + copying token
 call also detokenizes, which is what its API does); the table shows each side's median.
 Both sides hold their weights as a sampler object does: Tunix's `Sampler` its model's per-layer arrays, ours
 `sampling.prepare`'s decode weights, made once before the timed calls (`--weights per-call`: sliced and fused
-inside every call instead, as before session 27).
+inside every call instead, as before `sampling.prepare`).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="batches 1,8; P=16, N=8; 3 reps")
     ap.add_argument("--weights", choices=("prepared", "per-call"), default="prepared",
-                    help="ours: decode weights prepared once (`sampling.prepare`, the default since session 27), "
+                    help="ours: decode weights prepared once (`sampling.prepare`, the default), "
                          "or sliced and fused inside every call (before)")
     ap.add_argument("--results", default="", help="append the table to this markdown file")
     ap.add_argument("--date", default="")

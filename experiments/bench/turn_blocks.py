@@ -1,4 +1,4 @@
-"""What `rollout.turn_block` saves in the agentic rollout, and where it comes from (issue #16).
+"""What `rollout.turn_block` saves in the agentic rollout, and where it comes from.
 
     python experiments/bench/turn_blocks.py                  # 8 and 64 episodes, 10 turns, 5 repeats
     python experiments/bench/turn_blocks.py --episodes 64 --turns 5

@@ -1,4 +1,4 @@
-"""The mechanisms the [effect] default rests on: compact view, tip window, similarity floor, grouped merge,
+"""The mechanisms the embedded default rests on: compact view, tip window, similarity floor, grouped merge,
 pruning, the priors' synthetic data, the temperature of training log-probs, the sequence ratio, PPO epochs."""
 
 import json

@@ -306,7 +306,7 @@ def test_failed_start_then_corrected_command_and_mismatch_names_keys(tmp_path):
 
 
 OLD_KEYS = {"rollout": {"history": "current", "action_format": "constrained"}, "extraction": {"format": "constrained"},
-            "bank": {"embedder": "hashed", "top_k": 1}}  # removed in #15 (fixed by the path or single-valued)
+            "bank": {"embedder": "hashed", "top_k": 1}}  # removed keys (fixed by the path or single-valued)
 
 
 def _add_old_keys(d):

@@ -1,5 +1,5 @@
 """experiments/bench/gpu.sh --smoke: the one-file GPU benchmark script runs end to end on CPU at tiny sizes
-(so it cannot rot between GPU leases) and its results carry the before/after checks of issue #16."""
+(so it cannot rot between GPU leases) and its results carry the before/after checks of the GPU targets."""
 
 import json
 import os
@@ -22,7 +22,7 @@ def test_gpu_script_smoke(tmp_path):
     assert set(steps) == {"gpu_checks", "sampler", "sampler_pallas", "decode_cache", "train_mfu", "logprob_memory",
                           "iteration", "decode_hlo", "gpu_profile", "llm_head"}
     assert all(s["rc"] == 0 for s in steps.values()), {k: s["rc"] for k, s in steps.items()}
-    # the #16 targets' verdicts (gpu_targets.py): every target listed; the smoke's batch-1 and MFU rows read out
+    # the GPU targets' verdicts (gpu_targets.py): every target listed; the smoke's batch-1 and MFU rows read out
     assert set(out["targets"]) == {"decode_b256_tok_s", "b1_step_ms", "mfu", "vmap8_over_1"}
     assert out["targets"]["mfu"]["value"] > 0 and out["targets"]["mfu"]["source"].startswith("train_mfu")
     assert out["targets"]["b1_step_ms"]["source"] in (None, "sampler_pallas decode_kernel=pallas_interpret")

@@ -5,7 +5,7 @@ RL through LoRA adapters (`lora.train`, the preset's default) over one frozen ba
 
 In CI the models keep the checkpoint's first 2 decoder blocks (`truncate_layers=2`: real weights, real
 tokenizer, prompts and parsing, 1/15 of the depth). The full 30-block run is marked `heavy` (deselected by
-default; `python -m pytest -m heavy`): on 2 CPU cores it took 19 min and 15.5 GB of memory (2026-12-01)."""
+default; `python -m pytest -m heavy`): on 2 CPU cores it took 19 min and 15.5 GB of memory."""
 
 import os
 import time

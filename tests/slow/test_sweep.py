@@ -222,7 +222,7 @@ def test_demo_runs_every_run_alone_and_equals_single_runs(singles, tmp_path, cap
 
 
 def test_a_member_folder_saved_with_removed_keys_is_still_the_same_run(tmp_path):
-    """config.json of a sweep member written before keys were removed from the config (#15): no mismatch."""
+    """config.json of a sweep member written before keys were removed from the config: no mismatch."""
     m = sweep.Member("p", 0, micro("steps=2"), str(tmp_path / "p" / "seed0"))
     sweep._write_config(m)
     path = os.path.join(m.run_dir, "config.json")

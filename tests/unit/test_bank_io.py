@@ -49,7 +49,7 @@ def test_export_jsonl(tmp_path):
 
 def test_load_jsonl_roundtrip_and_keyless_entries_are_rejected(tmp_path):
     """An entry without `key` used to be keyed by its own text's embedding, which queries (task text + first
-    observation) never resemble: it is now an error naming the file and line (issue #13)."""
+    observation) never resemble: it is now an error naming the file and line."""
     import pytest
 
     from crl_jax.bank.io import load_jsonl

@@ -115,7 +115,7 @@ def test_a_saved_config_with_removed_keys_loads_with_a_warning():
 
 def test_pack_mlp_is_on_for_every_mesh_unless_set():
     """`actor.pack_mlp` / `extractor.pack_mlp`: packed gate / up by default on every mesh (it all-reduces no more
-    bytes than two matmuls, `test_mesh_collectives.py`); null (configs written in session 20) is on too; an
+    bytes than two matmuls, `test_mesh_collectives.py`); null (older configs) is on too; an
     explicit false wins, on either path."""
     from crl_jax.backends.llm import runtime as llm_runtime
     from crl_jax.loop import runtime as loop_runtime
@@ -182,7 +182,7 @@ def test_the_packed_weight_is_merged_on_the_cpu_without_a_tensor_axis():
 
 def test_scan_unroll_auto_unrolls_every_layer_on_a_gpu_only():
     """-1 (the default): every layer on a GPU, where the rolled scan copies every saved activation into [L, ...]
-    stacks (bench/RESULTS.md, session 21), a rolled scan on the CPU and TPU; explicit values pass through."""
+    stacks, a rolled scan on the CPU and TPU; explicit values pass through."""
     m = load(None, []).actor
     assert m.scan_unroll == -1
     assert m.forward_options(30, backend="gpu")["scan_unroll"] == 30

@@ -1,4 +1,4 @@
-"""The in-place KV cache and live-length attention of the sampler (issue #16) against the sampler as it
+"""The in-place KV cache and live-length attention of the sampler against the sampler as it
 was before (experiments/bench/legacy_decode.py, the benchmark's baseline): identical greedy tokens, equal
 log-probs, and no second stacked cache in the compiled program."""
 

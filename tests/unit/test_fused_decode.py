@@ -1,4 +1,4 @@
-"""The fused batch-1 decode step (`models.fused_decode`, issue #16): its Pallas kernels, run in Pallas'
+"""The fused batch-1 decode step (`models.experimental.fused_decode`): its Pallas kernels, run in Pallas'
 interpreter on the CPU, against the XLA decode step (logits, the written cache slots) and through the sampler
 (the same greedy tokens); and the kernels lowered for a CUDA GPU (Triton) from the CPU, which catches the
 shapes and operations Triton would refuse before a GPU ever sees them."""

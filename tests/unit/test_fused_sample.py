@@ -1,4 +1,4 @@
-"""The batch-1 draw in a Pallas kernel and the all-kernel decode loop (`models.fused_sample`, issue #16): the
+"""The batch-1 draw in a Pallas kernel and the all-kernel decode loop (`models.experimental.fused_sample`): the
 head kernel's tile statistics against XLA's, the draw against `sampling.sample_logits` / `inverse_cdf_index`
 with the same uniforms (tokens equal, log-probs close; greedy ties; uniforms at 0 and next to 1), and the
 sampler through the kernels against XLA's at several temperatures; run in Pallas' interpreter on the CPU, and

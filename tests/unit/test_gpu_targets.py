@@ -1,5 +1,5 @@
-"""experiments/bench/gpu_targets.py: issue #16's GPU verdicts read out of gpu.sh results files, checked on the
-files the H200 leases wrote (experiments/bench/gpu_runs/, numbers quoted in RESULTS.md) and on literal steps."""
+"""experiments/bench/gpu_targets.py: the GPU targets' verdicts read out of gpu.sh results files, checked on the
+files the H200 leases wrote (experiments/bench/gpu_runs/, numbers quoted in docs/PERFORMANCE.md) and on literal steps."""
 
 import importlib.util
 import json
@@ -19,8 +19,8 @@ def _steps(name, key=None):
     return (d[key] if key else d)["steps"]
 
 
-def test_session16_lease_decode_met_batch1_missed_seeds_met():
-    # RESULTS.md, session 16: 120.0k tok/s at B 256 (met), 1.06 ms per B 1 step (missed), 8 seeds x1.57 (met)
+def test_second_lease_decode_met_batch1_missed_seeds_met():
+    # The second H200 lease: 120.0k tok/s at B 256 (met), 1.06 ms per B 1 step (missed), 8 seeds x1.57 (met)
     tg = G.targets(_steps("2026-12-04_h200_s16_call2.json", "gpu_sh"))
     assert tg["decode_b256_tok_s"]["value"] == pytest.approx(120.0e3, rel=1e-3) and tg["decode_b256_tok_s"]["met"]
     assert tg["b1_step_ms"]["value"] == pytest.approx(1.061, abs=1e-3) and tg["b1_step_ms"]["met"] is False
@@ -28,8 +28,8 @@ def test_session16_lease_decode_met_batch1_missed_seeds_met():
     assert tg["mfu"]["value"] is None and tg["mfu"]["met"] is None  # no training step in that call
 
 
-def test_session14_lease_best_mfu_is_cudnn_and_missed():
-    # RESULTS.md, session 14: MFU 29.4% with cuDNN attention, the best of four variants and the no-remat step
+def test_first_lease_best_mfu_is_cudnn_and_missed():
+    # The first H200 lease: MFU 29.4% with cuDNN attention, the best of four variants and the no-remat step
     tg = G.targets(_steps("2026-12-04_h200_call3.json"))
     assert tg["mfu"]["value"] == pytest.approx(0.2937, abs=1e-4) and tg["mfu"]["met"] is False
     assert tg["mfu"]["source"] == "train_mfu variant=cudnn"

@@ -2,7 +2,7 @@
 `ModelConfig.pack_mlp`'s default (on for every mesh). On a mesh that shards parameters (fsdp 4, tensor 4, fsdp 2 x
 tensor 2) the packed gate / up matmul's gradient program has as many collective ops as two matmuls' and
 all-reduces as many bytes or fewer, and computes the same loss and gradients. The parser counts the buffers of
-combined (tuple) collectives: session 20's count missed them and made packing look like it added all-reduces."""
+combined (tuple) collectives: an earlier count missed them and made packing look like it added all-reduces."""
 
 import importlib.util
 import json

@@ -43,7 +43,7 @@ from crl_jax.learner.pretrain import _load, _random_obs, cache_dir, cached_or_tr
 
 FORMAT_PRIOR_VERSION = 2  # bump when the synthetic data or the loss change: old caches then miss
 # v2: the extractor's op token is scored against the data's op distribution (ADD_P add, 1 - ADD_P return)
-# on every row, not against the row's own draw (see `op_target`); v1 learnt `return` only (issue #17)
+# on every row, not against the row's own draw (see `op_target`); v1 learnt `return` only
 ADD_P = 2.0 / 3.0  # share of `add` targets in the synthetic distillation rows
 LORA_SHAPE_KEYS = ("rank", "alpha", "targets")  # the lora.* keys that shape the prior (not how RL trains)
 MAX_PRIOR_TURNS = 2  # synthetic distillation trajectories: 1..2 turns (the prompt stays short)

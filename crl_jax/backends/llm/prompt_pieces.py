@@ -13,7 +13,7 @@ The training row of an episode is head + every turn + every reply; a reply's tok
 ones. When a reply ended with the end-of-turn token, the next `before_obs` leaves that token out (the
 `before_obs_stopped` table), so the conversation holds exactly one.
 
-Variants (`LLMPromptConfig`, measured in experiments/RESULTS.md): a worked example turn between the system
+Variants (`LLMPromptConfig`, measured in docs/RESULTS.md): a worked example turn between the system
 message and the first real turn (a made-up board answered by `actor_example_reply.txt`), a one-line or a
 think-then-answer instruction, and a prefill (`actor_prefill.txt`) that every assistant message starts
 with: it ends the generation prompt and sits before each reply in the history, so the reply tokens are
