@@ -23,8 +23,8 @@ as straight-line code over weights sliced once before the loop (a layer scan ins
 layer's weights at every step), with the q/k/v and gate/up projections fused into one matmul each (fewer,
 larger ops: a batch-1 step is mostly per-op cost), and over one KV buffer per layer (`transformer.split_cache`;
 reading a layer out of the stacked cache is a copy per layer and step), stacked again after the loop. With
-`decode_kernel="pallas"` a batch-1 decode step is three Pallas kernels per layer (`models.fused_decode`), and
-with plain sampling the draw is one more (`models.fused_sample`).
+`decode_kernel="pallas"` a batch-1 decode step is three Pallas kernels per layer (`models.experimental.fused_decode`), and
+with plain sampling the draw is one more (`models.experimental.fused_sample`).
 
 Sampling order and the draw: `token_draw` (`sample_logits`, re-exported here).
 
@@ -45,8 +45,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from crl_jax import token_draw
-from crl_jax.models import fused_decode as fd
-from crl_jax.models import fused_sample as fs
+from crl_jax.models.experimental import fused_decode as fd
+from crl_jax.models.experimental import fused_sample as fs
 from crl_jax.models import transformer as tr
 from crl_jax.models.logprobs import chunked_logprobs
 from crl_jax.token_draw import sample_logits
@@ -75,7 +75,7 @@ class SamplerConfig:
     first_mix: float = 0.0  # exploration of the FIRST token: sample it from (1 - m) * p + m * uniform(allowed);
     #                         its log-prob is the mixture's (the behaviour policy). 0 = off
     decode_kernel: str = "xla"  # batch-1 decode steps: "xla" | "pallas" (three Pallas / Triton kernels per layer,
-    #                             CUDA GPUs: models.fused_decode) | "pallas_interpret" (the same kernels in Pallas'
+    #                             CUDA GPUs: models.experimental.fused_decode) | "pallas_interpret" (the same kernels in Pallas'
     #                             interpreter, any backend: tests); batches > 1 and the prefill always run "xla"
 
     def __post_init__(self):
@@ -248,7 +248,7 @@ def continue_tokens(graphdef, params, cache, at, start, prompt, prompt_len, key,
         return i + 1, model.unembed(h)[:, 0], cache, key, done, out_t, out_lp
 
     dead = jnp.zeros((B,), bool) if live is None else ~live.astype(bool)
-    if fused and fs.plain(cfg, allowed_tokens):  # the draw in a kernel too (models.fused_sample)
+    if fused and fs.plain(cfg, allowed_tokens):  # the draw in a kernel too (models.experimental.fused_sample)
         steps, cache, out_t, out_lp = fs.decode_loop(model, layers, logits, cache, at + P, start[0] + prompt_len[0],
                                                      key, cfg, dead, interpret=cfg.decode_kernel == "pallas_interpret")
     else:

@@ -7,7 +7,7 @@ of the masked logits, log-prob = log-softmax of the masked logits (temperature 1
 argmax.
 
 `sampling` (prefill + decode) calls `sample_logits` at every step; the tiny actor's rollout (`actor.rollout`)
-calls it per turn; `models.fused_sample` draws the same token from the same uniform inside a kernel.
+calls it per turn; `models.experimental.fused_sample` draws the same token from the same uniform inside a kernel.
 """
 
 from __future__ import annotations

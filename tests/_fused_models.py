@@ -28,7 +28,7 @@ def _model(seed=0, **kw):
 def lowered_step_for_cuda(cfg, capacity: int) -> str:
     """The StableHLO text of one fused decode step (`fused_decode.decode_step`) of a model of `cfg` with a
     `capacity`-slot cache, lowered for a CUDA GPU from any backend (shapes only: no weights are made)."""
-    from crl_jax.models import fused_decode as fd
+    from crl_jax.models.experimental import fused_decode as fd
 
     gd, params = tr.split(nnx.eval_shape(lambda: tr.create(cfg, jax.random.key(0))))
     cache = jax.eval_shape(lambda: tr.split_cache(tr.init_cache(cfg, 1, capacity)))

@@ -20,7 +20,7 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from crl_jax.infra.errors import CheckpointError
+from crl_jax.errors import CheckpointError
 from crl_jax.models.loading import build_from_getter
 from crl_jax.models.transformer import TransformerConfig
 from crl_jax.text.tokenizers import HFTokenizer

@@ -29,7 +29,7 @@ from safetensors import safe_open
 
 # One error class for every unreadable checkpoint (run-folder Orbax checkpoints and model files alike): the
 # CLI catches it and prints one line. Raised here with a message naming the file, tensor or config field.
-from crl_jax.infra.errors import CheckpointError, read_json  # noqa: F401  (CheckpointError: re-exported)
+from crl_jax.errors import CheckpointError, read_json  # noqa: F401  (CheckpointError: re-exported)
 from crl_jax.models.transformer import Transformer, TransformerConfig, as_dtype
 from crl_jax.text.tokenizers import HFTokenizer
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from crl_jax.infra.errors import CheckpointError
+from crl_jax.errors import CheckpointError
 from crl_jax.models.gguf_loader import load_gguf
 from crl_jax.models.loading import _NP_TARGET, load_hf_folder
 

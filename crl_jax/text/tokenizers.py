@@ -227,7 +227,7 @@ class HFTokenizer:
         tj = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(tj):
             raise FileNotFoundError(f"no tokenizer.json in model folder {path!r}")
-        from crl_jax.infra.errors import CheckpointError, read_json
+        from crl_jax.errors import CheckpointError, read_json
 
         try:
             tok = hf.Tokenizer.from_file(tj)

@@ -18,7 +18,7 @@ Variants (same weights, prompts and key, greedy, no stop token so every step run
   (`attend_reduce` below) instead of two batched matmuls with M = the query group (3 at SmolLM2 shape), which
   may make XLA transpose the cache into the matmul's layout at every step (a candidate, not in the library);
 - `pallas`: `inplace_unrolled` with `decode_kernel="pallas"`, three fused Pallas (Triton) kernels per layer
-  (`models.fused_decode`; batch 1 only, so it runs at B 1 only; off a GPU in Pallas' interpreter, slow).
+  (`models.experimental.fused_decode`; batch 1 only, so it runs at B 1 only; off a GPU in Pallas' interpreter, slow).
 `--variants` picks a subset (`old` always runs: it is the reference of every ratio).
 Each repeat runs every variant once (interleaved, so load changes hit all alike); printed: median ms per
 generate call, decode tok/s, and the per-repeat ratio old / variant as min / median / max.

@@ -14,7 +14,7 @@
 #   gpu_checks     correctness of the backend-dependent paths: cuDNN attention vs einsum (logits, gradients),
 #                  the GPU decode plan vs the CPU one (same greedy tokens), the fused decode kernels vs XLA's step
 #   sampler        SmolLM2-135M shape (random weights), bf16, decode at batch 256 and batch-1 step time
-#   sampler_pallas the same batch-1 step with the fused Pallas / Triton decode kernels (models/fused_decode.py)
+#   sampler_pallas the same batch-1 step with the fused Pallas / Triton decode kernels (models/experimental/fused_decode.py)
 #   train_mfu      Qwen2.5-0.5B shape training step MFU: vocabulary-tiled vs full-logits log-probs, the tiled
 #                  one with cuDNN flash attention (attn_impl="cudnn"), and that with the head's gradient taken in
 #                  its forward pass (cudnn_fused: train_state.token_loss, the actor / extractor losses' default)

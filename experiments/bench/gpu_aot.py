@@ -324,7 +324,7 @@ def decode_program(kernel: str, a):
     from flax import nnx
 
     from crl_jax import sampling
-    from crl_jax.models import fused_sample
+    from crl_jax.models.experimental import fused_sample
     from crl_jax.models import transformer as tr
     from crl_jax.models.presets import preset_config
 

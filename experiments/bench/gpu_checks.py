@@ -86,7 +86,7 @@ def decode_plan_check(smoke: bool = False) -> dict:
 
 
 def fused_decode_check(smoke: bool = False) -> dict:
-    from crl_jax.models import fused_decode as fd
+    from crl_jax.models.experimental import fused_decode as fd
     from crl_jax.models.presets import preset_config
 
     kind = "pallas" if jax.default_backend() == "gpu" else "pallas_interpret"
@@ -99,7 +99,7 @@ def fused_decode_check(smoke: bool = False) -> dict:
     pa = jax.tree_util.tree_map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(3), x.shape, x.dtype), pa)
     prompt = jax.random.randint(jax.random.key(1), (1, 40), 1, cfg.vocab_size)
     same, lp = {}, 0.0
-    for temp in (0.0, 1.0):  # greedy, and a draw (models.fused_sample: the same uniforms as XLA's loop)
+    for temp in (0.0, 1.0):  # greedy, and a draw (models.experimental.fused_sample: the same uniforms as XLA's loop)
         out = {k: S.generate((gd, pa), prompt, jnp.array([33]), jax.random.key(2), max_new_tokens=N,
                              temperature=temp, decode_kernel=k) for k in ("xla", kind)}
         same[temp] = bool((np.asarray(out[kind][0]) == np.asarray(out["xla"][0])).all())

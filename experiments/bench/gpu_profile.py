@@ -5,7 +5,7 @@
 Runs each workload once to compile, then again under `jax.profiler.trace(create_perfetto_trace=True)`, reads
 the Perfetto JSON back and sums the complete events by name:
 - decode: `sample_tokens` at SmolLM2-135M shape (bf16, P 128 + N 64, the backend's decode plan) at B 1 and 256;
-- decode_pallas (not in the default --what): the same at B 1 with `decode_kernel="pallas"` (models/fused_decode.py);
+- decode_pallas (not in the default --what): the same at B 1 with `decode_kernel="pallas"` (models/experimental/fused_decode.py);
 - train: one Qwen2.5-0.5B-shape AdamW step (bf16, B 8 x T 2,048, remat, tiled log-probs, the default attention).
 For each: the wall time, the device's busy time (the sum of its events; on a CPU, the XLA thunks), the idle
 share (wall minus busy: launch gaps, host round trips), device events per decode step, and the top events by

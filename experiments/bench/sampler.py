@@ -10,7 +10,7 @@ Prefill: one jitted forward of B prompts of P tokens into a fresh KV cache (what
 first) -> B*P / time. Generate: the full jitted `generate` (prefill + N decode steps, temperature 1,
 no stop tokens so every step runs) -> decode tokens/s = B*(N-1) / (time(N tokens) - time(1 token)).
 Times are medians over --reps runs after one compile/warm-up run; compile time is reported separately.
-`--decode-kernel pallas` runs batch-1 decode steps as the fused Pallas kernels (`models.fused_decode`).
+`--decode-kernel pallas` runs batch-1 decode steps as the fused Pallas kernels (`models.experimental.fused_decode`).
 `generate` gets the decode weights made once (`sampling.prepare`), as a sampler object holds them; `--weights
 per-call` slices and fuses them inside every call instead.
 """
@@ -71,9 +71,9 @@ def load(name: str, dtype: str):
 
 
 def set_fused_tiles(setting: str) -> None:
-    """'NAME=int,...' -> models/fused_decode.py's module constants (read when a step is traced, so the compiled
+    """'NAME=int,...' -> models/experimental/fused_decode.py's module constants (read when a step is traced, so the compiled
     programs are dropped first); '' restores the library's values."""
-    from crl_jax.models import fused_decode as fd
+    from crl_jax.models.experimental import fused_decode as fd
 
     defaults = set_fused_tiles.__dict__.setdefault("defaults", {k: getattr(fd, k) for k in FUSED_TILES})
     values = dict(defaults)
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
                     help="decode weights made once by `sampling.prepare` (the default), or sliced and "
                          "fused inside every generate call (before)")
     ap.add_argument("--fused-set", default="",
-                    help="with --decode-kernel pallas*: ';'-separated settings of models/fused_decode.py's tile "
+                    help="with --decode-kernel pallas*: ';'-separated settings of models/experimental/fused_decode.py's tile "
                          "constants, one row each, e.g. 'MLP_COLS=32;MLP_COLS=64,NUM_WARPS=8' (a tile sweep)")
     ap.add_argument("--quick", action="store_true", help="batches <= 8; P=16; N=8; 2 reps")
     ap.add_argument("--json", metavar="OUT", help="write the rows as JSON")

@@ -3,7 +3,7 @@
     python experiments/bench/triton_ptx.py [--preset smollm2-135m] [--fused-set 'NUM_WARPS=8;UNROLL=0'] \
         [--triton-python /work/venvs/triton/bin/python] [--json OUT]
 
-`models/fused_decode.py` lowers its kernels to Triton IR in JAX (any backend: the lowering for CUDA runs on a
+`models/experimental/fused_decode.py` lowers its kernels to Triton IR in JAX (any backend: the lowering for CUDA runs on a
 CPU); XLA compiles that IR to GPU code only on a GPU. This script lowers one bf16 decode step of the preset's
 shape (2 layers) for CUDA with the kernels' `DEBUG` printing on, takes each kernel's Triton module from the
 printout, and compiles it for sm_90a (H100 / H200) with the `triton` package in a separate Python (its own
@@ -33,8 +33,8 @@ from flax import nnx
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sampler import set_fused_tiles  # noqa: E402
 
-from crl_jax.models import fused_decode as fd  # noqa: E402
-from crl_jax.models import fused_sample  # noqa: E402
+from crl_jax.models.experimental import fused_decode as fd  # noqa: E402
+from crl_jax.models.experimental import fused_sample  # noqa: E402
 from crl_jax.models.gpu_target import abstract_gpu  # noqa: E402
 from crl_jax.models import transformer as tr  # noqa: E402
 from crl_jax.models.presets import preset_config  # noqa: E402

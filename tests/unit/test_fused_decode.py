@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from crl_jax import sampling as S
-from crl_jax.models import fused_decode as fd
-from crl_jax.models import fused_sample as fs
+from crl_jax.models.experimental import fused_decode as fd
+from crl_jax.models.experimental import fused_sample as fs
 from crl_jax.models import transformer as tr
 from _fused_models import _model, _prefilled, lowered_step_for_cuda  # tests/ is on sys.path (conftest.py)
 

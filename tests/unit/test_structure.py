@@ -1,4 +1,4 @@
-"""Package structure (issue #15): the import graph of `crl_jax` read from the source (ast, nothing imported).
+"""Package structure: the import graph of `crl_jax` read from the source (ast, nothing imported).
 
 Edges: every `import` / `from ... import` of a `crl_jax` module, at module level (including `if` / `try`
 blocks and class bodies, which run at import time) or inside a function body (`if TYPE_CHECKING:`
@@ -9,7 +9,8 @@ module deep in the graph would otherwise close a cycle that only shows in some i
 
 Asserted: no import cycle among the module-level imports, and none either once the function-level imports
 are added (an import moved into a function to dodge a cycle still is one), apart from `ALLOWED_CYCLES`.
-Asserted too: no module over `LONG_MODULE` lines (DESIGN.md: small files, one concept each).
+Asserted too: imports only go down the layers of `LAYERS`; no module over `LONG_MODULE` lines (small files, one
+concept each); no history ("session N", "issue #N") in the package, the docs or the experiments' pages.
 Reported (printed, run with `-s`): function-level imports of crl_jax modules.
 """
 
@@ -17,15 +18,40 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/unit/ -> repo
 PACKAGE = os.path.join(ROOT, "crl_jax")
 LONG_MODULE = 400  # lines
 
-# Cycles that exist today through function-level imports and are being removed in the loop rewrite of
-# issue #15 (an engineer is restructuring these modules): each entry is the exact set of modules of one
-# strongly connected component of the full graph. EMPTY THIS once that rewrite is merged.
-ALLOWED_CYCLES: list[set[str]] = []  # none: the loop rewrite (#15) removed evaluate<->loop and host_eval<->host_loop
+# Cycles allowed through function-level imports: each entry is the exact set of modules of one strongly
+# connected component of the full graph. Keep it empty.
+ALLOWED_CYCLES: list[set[str]] = []
+
+# The layers of the package, lowest first: a package (or top-level module) of `crl_jax` may import only those
+# before it. Imports inside functions and under TYPE_CHECKING count too.
+LAYERS = (
+    "errors",         # error classes and the damaged-JSON reader
+    "text",           # tokenizers, packing, prompts
+    "models",         # transformer, loaders, embedders, LoRA
+    "token_draw",     # the sampler's token draw
+    "sampling",       # prefill + decode
+    "config_checks",  # config validation (reads model presets)
+    "config",         # the config dataclasses and loader
+    "bank",           # the experience bank
+    "envs",           # built-in environments and adapters
+    "losses",         # advantages, policy losses, credit
+    "actor",          # rollouts, experience retrieval, evaluation
+    "extractor",      # operations, distillation, merge, sample buffer
+    "learner",        # train states, batches, loss functions, priors
+    "backends",       # the built-in, LLM and host paths
+    "loop",           # one iteration, runtime, chunks
+    "infra",          # runs, CLI, checkpoints, sweeps, sharding
+    "__main__",       # python -m crl_jax
+)
+# Known exceptions, as (importer module, imported layer). The host driver and its play loop call the loop's
+# iteration pieces; they leave backends/ for a layer above loop/ (remove these entries then).
+ALLOWED_UP = {("crl_jax.backends.host.driver", "loop"), ("crl_jax.backends.host.play", "loop")}
 
 
 def module_files() -> dict[str, str]:
@@ -191,7 +217,7 @@ def test_report_function_level_imports():
 
 
 def test_public_api_paths():
-    """DESIGN.md's public API contract keeps its paths whatever the package layout (and `crl-jax` its entry)."""
+    """The public API contract (docs/ARCHITECTURE.md) keeps its paths whatever the package layout (and `crl-jax` its entry)."""
     import importlib
 
     contract = {
@@ -212,3 +238,66 @@ def test_public_api_paths():
         entry = next(line for line in f if line.startswith("crl-jax = ")).split("=", 1)[1].strip().strip('"')
     mod, _, fn = entry.partition(":")
     assert callable(getattr(importlib.import_module(mod), fn)), entry
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_imports(graph, layers=LAYERS) -> list[str]:
+    """'importer -> imported' for every edge from a layer to one at or above it in `layers` (other layers than
+    its own), apart from `ALLOWED_UP`."""
+    rank = {name: i for i, name in enumerate(layers)}
+    out = []
+    for a, targets in sorted(graph.items()):
+        la = _layer(a)
+        for b in sorted(targets):
+            lb = _layer(b)
+            if la != lb and rank[lb] > rank[la] and (a, lb) not in ALLOWED_UP:
+                out.append(f"{a} -> {b} (line {targets[b]})")
+    return out
+
+
+def test_every_module_has_a_layer():
+    assert {_layer(m) for m in module_files() if m != "crl_jax"} == set(LAYERS)
+
+
+def test_imports_only_go_down():
+    top, inner = import_graph()
+    up = upward_imports(_merged(top, inner))
+    assert not up, f"imports up the layers (LAYERS, lowest first):\n" + "\n".join(f"  {e}" for e in up)
+
+
+def test_layer_check_can_fail():
+    top, inner = import_graph()
+    assert upward_imports(_merged(top, inner), layers=tuple(reversed(LAYERS))), "the layer check reads nothing"
+
+
+HISTORY = re.compile(r"session [0-9]|issue #[0-9]", re.IGNORECASE)
+
+
+def history_mentions() -> list[str]:
+    """'file:line' of every "session N" / "issue #N" in crl_jax/, docs/, README.md and experiments/**/*.md:
+    history lives in git."""
+    paths = [os.path.join(ROOT, "README.md")]
+    for top in ("crl_jax", "docs", "experiments"):
+        for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if not d.startswith((".", "__"))]
+            paths += [os.path.join(folder, f) for f in files
+                      if f.endswith(".md") or (top == "crl_jax" and f.endswith((".py", ".txt", ".jinja", ".json")))]
+    out = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            out += [f"{os.path.relpath(path, ROOT)}:{i}" for i, line in enumerate(f, 1) if HISTORY.search(line)]
+    return out
+
+
+def test_no_history_in_code_or_docs():
+    found = history_mentions()
+    assert not found, "history belongs in git, not in files:\n" + "\n".join(f"  {x}" for x in found)
+
+
+def test_history_pattern_matches():
+    assert HISTORY.search("as measured in Session 12") and HISTORY.search("see Issue #16")
+    assert not HISTORY.search("a test session's cache") and not HISTORY.search("issue a warning")

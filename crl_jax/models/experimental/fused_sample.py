@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from crl_jax.models import fused_decode as fd
+from crl_jax.models.experimental import fused_decode as fd
 
 f32, i32 = jnp.float32, jnp.int32
 
