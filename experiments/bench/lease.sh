@@ -5,7 +5,7 @@
 #   bash experiments/bench/lease.sh --dry-run     # here: what it would run (tests/integration/test_lease_script.py)
 #   bash experiments/bench/lease.sh ARGS...       # gpu.sh ARGS instead of the default plan below
 #
-# 1. installs the carried wheels (.whl/*.whl) into /tmp/site, as ../.library/device/README.md prescribes;
+# 1. installs the carried wheels (.whl/*.whl) into /tmp/site (the lent machines have no package registry);
 # 2. records the machine (nvidia-smi, python, jax and its devices) in $OUT/env.txt, and stops if crl_jax does not
 #    import there;
 # 3. runs gpu.sh with the default plan, DEADLINE_S (default 540) seconds in all, results in $OUT/gpu_results.json,

@@ -5,7 +5,7 @@
 #
 # The lent GPU machines (nvidia-h100-x1, nvidia-h200) have no registry. Their image holds jax 0.11 with CUDA,
 # flax, optax, orbax, chex, einops, transformers, safetensors, tokenizers, pyyaml, tqdm, rich and matplotlib
-# (../.library/device/KINDS.md), but not these two of our core dependencies:
+# (as the device machines are set up), but not these two of our core dependencies:
 #   gguf          imported by crl_jax.models (the GGUF loader), so by every benchmark
 #   tensorboardX  imported by crl_jax.infra.metrics when a run writes TensorBoard logs
 # Both are pure Python, and everything they need is in the image (numpy, pyyaml, requests, tqdm; packaging,
