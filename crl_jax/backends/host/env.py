@@ -24,6 +24,10 @@ from crl_jax.envs.adapters import make_adapter  # a registry: the simulators are
 HOST_KEYS = {"legend": True, "max_obs_tokens": 256}
 # Adapters whose action set is fixed (one constrained token per action); text adapters change it per state.
 _FIXED_ACTIONS = ("minihack-room",)
+# The goal line of text games, whose own goal is stated in their first observation (it differs per game).
+TEXT_GOAL = "Win the game. The task is stated in the first thing you see."
+# What an LLM actor's system prompt lists as its moves when the commands change per state.
+TEXT_ACTIONS = 'one of the commands listed after "Actions:" in what you see now'
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,18 +46,26 @@ class HostEnv:
     max_obs_tokens: int = 256
     is_host: bool = True
 
+    @property
+    def fixed_actions(self) -> bool:
+        """One action set for every state (MiniHack's compass moves); else per-state admissible commands."""
+        return self.name in _FIXED_ACTIONS
+
     def make(self):
         return make_adapter(self.name, pool=self.pool, num_tasks=self.num_tasks, pool_seed=self.pool_seed,
                             **self.adapter_params)
 
 
-def host_envs(cfg) -> tuple[HostEnv, HostEnv]:
-    """(train pool, eval pool) descriptors of `cfg.env` (a host adapter name); probes one game."""
+def host_envs(cfg, text_actions: bool = False) -> tuple[HostEnv, HostEnv]:
+    """(train pool, eval pool) descriptors of `cfg.env` (a host adapter name); probes one game.
+    `text_actions`: the caller's actor answers in free text (the LLM path), so adapters whose commands change
+    from state to state are allowed (the tiny models' one constrained token per action cannot express them)."""
     e = cfg.env
-    if e.name not in _FIXED_ACTIONS:
+    if e.name not in _FIXED_ACTIONS and not text_actions:
         raise ConfigError(f"env.name={e.name!r}: this host adapter has a per-state action set (admissible "
                           "commands), which the constrained one-token actions of the tiny loop cannot express; "
-                          f"host adapters with a fixed action set: {list(_FIXED_ACTIONS)}")
+                          f"host adapters with a fixed action set: {list(_FIXED_ACTIONS)} (an LLM actor "
+                          "plays every host adapter)")
     params = dict(e.params)
     host = {k: params.pop(k, v) for k, v in HOST_KEYS.items()}
     for k in ("pool", "num_tasks", "pool_seed"):
@@ -63,7 +75,9 @@ def host_envs(cfg) -> tuple[HostEnv, HostEnv]:
         probe = make_adapter(e.name, pool="train", num_tasks=e.num_train_tasks, pool_seed=e.pool_seed, **params)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"env: cannot make host adapter {e.name!r} with params {e.params}: {err}") from None
-    facts = {"action_names": tuple(probe.action_names), "task_text": probe.task_text, "max_steps": int(probe.max_steps)}
+    fixed = e.name in _FIXED_ACTIONS  # text adapters: no actions before a reset, their goal is in the first view
+    facts = {"action_names": tuple(probe.action_names) if fixed else (),
+             "task_text": probe.task_text if fixed else TEXT_GOAL, "max_steps": int(probe.max_steps)}
     close = getattr(probe, "close", None)
     if close is not None:
         close()
@@ -112,3 +126,13 @@ class HostRenderer:
 def make_host_renderer(env: HostEnv, tokenizer) -> HostRenderer:
     return HostRenderer(tokenizer=tokenizer, max_len=env.max_obs_tokens, legend=env.legend,
                         pad_id=int(getattr(tokenizer, "pad_id", 0) or 0))
+
+
+def check_llm_host(cfg) -> None:
+    """ConfigErrors of an LLM config on a host adapter (what its turn-at-a-time driver cannot do)."""
+    if cfg.rollout.share_prefix:
+        raise ConfigError(f"rollout.share_prefix: env {cfg.env.name!r} steps on the host, one compiled call per "
+                          "turn, so no episode-long program carries the conversation's cache; set it false")
+    if cfg.format_prior.enabled:
+        raise ConfigError(f"format_prior.enabled: the format prior's synthetic boards are built-in grids; env.name="
+                          f"{cfg.env.name!r} is a host-side environment: set format_prior.enabled=false")
