@@ -8,8 +8,9 @@ to make the games (`make()`); `HostRenderer` turns an observation text into fixe
 Host-only keys of `env.params` (the rest go to the adapter's constructor):
 
 - `legend` (bool, default true): keep the `Legend: ...` line of the text view;
-- `max_obs_tokens` (int, default 256): observation width in tokens; longer texts are cut at the end
-  (the real MiniHack Room text is <= ~200 bytes with the legend; `HostRenderer.truncated` counts cuts).
+- `max_obs_tokens` (int, default 256): observation width in tokens; longer texts are cut at the end, before
+  a text game's last `Actions: ...` line, which is kept (the real MiniHack Room text is <= ~200 bytes with the
+  legend; `HostRenderer.truncated` counts cuts).
 """
 
 from __future__ import annotations
@@ -110,13 +111,25 @@ class HostRenderer:
         return text
 
     def __call__(self, text: str):
-        ids = list(self.tokenizer.encode(self.text(text)))
+        text = self.text(text)
+        ids = list(self.tokenizer.encode(text))
         if len(ids) > self.max_len:
             self.truncated += 1
-            ids = ids[: self.max_len]
+            ids = self.cut(text, ids)
         out = np.full((self.max_len,), self.pad_id, np.int32)
         out[: len(ids)] = ids
         return out, np.int32(len(ids))
+
+    def cut(self, text: str, ids: list) -> list:
+        """`max_len` tokens of a too long text: its end is cut, but a last `Actions: ...` line (a text game's
+        admissible commands, which the actor must choose from) is kept whole when it fits: the text before it is
+        cut instead."""
+        head, sep, last = text.rpartition("\n")
+        if sep and last.startswith("Actions:"):
+            tail = list(self.tokenizer.encode(sep + last))
+            if len(tail) < self.max_len:
+                return list(self.tokenizer.encode(head))[: self.max_len - len(tail)] + tail
+        return ids[: self.max_len]
 
     def batch(self, texts):
         rows = [self(t) for t in texts]
