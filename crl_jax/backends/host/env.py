@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from crl_jax.config import ConfigError
-from crl_jax.envs.adapters import make_adapter  # a registry: the simulators are imported only by make_adapter
+from crl_jax.envs.adapters import make_pool_adapter  # a registry: the simulators are imported only by make_adapter
 
 HOST_KEYS = {"legend": True, "max_obs_tokens": 256}
 # Adapters whose action set is fixed (one constrained token per action); text adapters change it per state.
@@ -53,8 +53,8 @@ class HostEnv:
         return self.name in _FIXED_ACTIONS
 
     def make(self):
-        return make_adapter(self.name, pool=self.pool, num_tasks=self.num_tasks, pool_seed=self.pool_seed,
-                            **self.adapter_params)
+        return make_pool_adapter(self.name, pool=self.pool, num_tasks=self.num_tasks, pool_seed=self.pool_seed,
+                                 **self.adapter_params)
 
 
 def host_envs(cfg, text_actions: bool = False) -> tuple[HostEnv, HostEnv]:
@@ -73,7 +73,7 @@ def host_envs(cfg, text_actions: bool = False) -> tuple[HostEnv, HostEnv]:
         if k in params:
             raise ConfigError(f"env.params.{k}: set by the run (env.num_train_tasks / num_eval_tasks / pool_seed)")
     try:
-        probe = make_adapter(e.name, pool="train", num_tasks=e.num_train_tasks, pool_seed=e.pool_seed, **params)
+        probe = make_pool_adapter(e.name, pool="train", num_tasks=e.num_train_tasks, pool_seed=e.pool_seed, **params)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"env: cannot make host adapter {e.name!r} with params {e.params}: {err}") from None
     fixed = e.name in _FIXED_ACTIONS  # text adapters: no actions before a reset, their goal is in the first view
