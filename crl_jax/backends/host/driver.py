@@ -1,4 +1,5 @@
-"""The Complementary RL loop with a host-side environment (real MiniHack through its adapter).
+"""The Complementary RL loop with a host-side environment (MiniHack, TextWorld, ALFWorld through their adapters),
+for the tiny models (MiniHack) and for LLMs (every adapter: `crl_jax.backends.host.llm_play`).
 
 Same algorithm and state as `crl_jax.loop`, split where the simulator has to run on the host:
 
@@ -6,6 +7,7 @@ Same algorithm and state as `crl_jax.loop`, split where the simulator has to run
     [host]         reset N games (one adapter instance each), render the first observations to tokens
     [jit] prepare: `loop.prepare` (guided/free split, retrieval) with those observation tokens
     T x ( [jit] turn: build the N prompts (`rollout.build_prompt`), `last_logits`, sample an action token
+                      (an LLM: pack the conversations, sample a reply; [host] read its action)
           [host]      step the unfinished games; finished games are absorbing (not stepped again) )
     [jit] finish:  `loop.finish` (credit, distillation, co-update, merge) on the collected `Episodes`
 
@@ -32,6 +34,7 @@ import numpy as np
 
 from crl_jax.actor.evaluate import evaluate_all
 from crl_jax.backends.host import evaluate as host_eval
+from crl_jax.backends.host.llm_play import compiled_llm, play_llm_host
 from crl_jax.backends.host.play import _Clock, Games, Timer, compiled, games_of, play_host, seeds_from_key_data  # noqa: F401
 from crl_jax.loop import EVAL_KEYS, eval_due
 from crl_jax.loop.runtime import is_host  # noqa: F401  (re-exported: host_loop.is_host)
@@ -47,15 +50,26 @@ def host_step(rt, state, timer=None):
         obs, obs_len = games.reset(seeds_from_key_data(kd), tasks)
     with _Clock(timer, "compiled"):
         p = fns.prepare(state, obs, obs_len)
-    ep = play_host(rt, fns.turn(float(rt.cfg.actor.temperature)), games, state.actor.params, k_play,
-                   task_tokens=p.task_tokens, task_len=p.task_len, exp=p.exp, exp_len=p.exp_len, has_exp=p.has_exp,
-                   obs=obs, obs_len=obs_len, timer=timer)
+    ep = play(rt, state, games, k_play, temperature=float(rt.cfg.actor.temperature), task_tokens=p.task_tokens,
+              task_len=p.task_len, exp=p.exp, exp_len=p.exp_len, has_exp=p.has_exp, obs=obs, obs_len=obs_len,
+              timer=timer)
     with _Clock(timer, "compiled"):
         state, m = fns.finish(state, p, ep)
         m = jax.device_get(m)
     if timer is not None:
         timer.steps += 1
     return state, m
+
+
+def play(rt, state, games, k_play, *, temperature: float, timer=None, **rows):
+    """The episodes of the (already reset) games: the tiny models' constrained action tokens (`play.play_host`),
+    or an LLM's chat turns (`llm_play.play_llm_host`) when the Runtime is the LLM path's. `rows`: task_tokens,
+    task_len, exp, exp_len, has_exp, obs, obs_len ([N, ...] each)."""
+    if rt.llm is not None:
+        with _Clock(timer, "compiled"):
+            params = compiled_llm(rt).params(state)
+        return play_llm_host(rt, games, params, k_play, temperature=temperature, timer=timer, **rows)
+    return play_host(rt, compiled(rt).turn(temperature), games, state.actor.params, k_play, timer=timer, **rows)
 
 
 def run_steps(rt, state, num_steps: int, last_step, *, timer: Timer | None = None):

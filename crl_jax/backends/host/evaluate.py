@@ -1,4 +1,5 @@
-"""Greedy evaluation with a host-side environment: the semantics of `crl_jax.actor.evaluate` on host games.
+"""Greedy evaluation with a host-side environment: the semantics of `crl_jax.actor.evaluate` on host games
+(tiny models or an LLM actor: `crl_jax.backends.host.llm_play`).
 
 Held-in = the first `eval.tasks` levels of the training pool, held-out = the first `eval.tasks` levels
 of the evaluation pool; each level is played once from the fixed key `evaluate.EVAL_KEY` (the same
@@ -21,6 +22,7 @@ import numpy as np
 
 from crl_jax.actor.evaluate import EVAL_KEY
 from crl_jax.actor.rollout import episode_reset_keys
+from crl_jax.backends.host.llm_play import compiled_llm, play_llm_host
 from crl_jax.backends.host.play import compiled, eval_size, games_of, play_host, seeds_from_key_data
 
 
@@ -50,15 +52,19 @@ def evaluate_pool(rt, state, *, heldout: bool) -> tuple[float, float]:
         L = rt.cfg.bank.entry_len
         exp, exp_len, has = np.zeros((n, L), np.int32), np.zeros((n,), np.int32), np.zeros((n,), bool)
     temp = 0.0 if cfg.eval.greedy else float(cfg.actor.temperature)
-    turn = fns.turn(temp)
     k_play = jax.random.fold_in(key, 1)
+    if rt.llm is not None:  # the actor's effective parameters once, every chunk's LLM turns
+        params = compiled_llm(rt).params(state)
+        play = lambda **kw: play_llm_host(rt, games, params, k_play, temperature=temp, **kw)  # noqa: E731
+    else:
+        turn = fns.turn(temp)
+        play = lambda **kw: play_host(rt, turn, games, state.actor.params, k_play, **kw)  # noqa: E731
     success = []
     for i in range(0, len(rows), N):
         r = _pad(N, rows[i:i + N])[0]
         ob, ol = games.reset(seeds[r], tasks[r])
-        ep = play_host(rt, turn, games, state.actor.params, k_play, task_tokens=tt[r], task_len=tl[r],
-                       exp=_pad(N, exp[i:i + N])[0], exp_len=_pad(N, exp_len[i:i + N])[0],
-                       has_exp=_pad(N, has[i:i + N])[0], obs=ob, obs_len=ol)
+        ep = play(task_tokens=tt[r], task_len=tl[r], exp=_pad(N, exp[i:i + N])[0],
+                  exp_len=_pad(N, exp_len[i:i + N])[0], has_exp=_pad(N, has[i:i + N])[0], obs=ob, obs_len=ol)
         success.append(np.asarray(ep.success)[: min(N, len(rows) - i)])
     s = np.concatenate(success).astype(np.float32)
     if uses_bank:

@@ -48,7 +48,6 @@ def compiled(rt) -> Fns:
     """The jitted pieces of one Runtime, built once (shared by every seed, method and run length)."""
     cfg = rt.cfg
     N = cfg.rollout.groups * cfg.rollout.group_size
-    allowed = action_allowed_mask(rt.tiny.action_ids, rt.vocab_size)
 
     def begin(state):
         roll = step_keys(state).roll
@@ -61,7 +60,9 @@ def compiled(rt) -> Fns:
     def finish_step(state, p, ep):
         return finish(rt, state, p, ep)
 
-    def turn_at(temperature):
+    def turn_at(temperature):  # the tiny models' one constrained action token (the LLM's: `host.llm_play`)
+        allowed = action_allowed_mask(rt.tiny.action_ids, rt.vocab_size)
+
         def turn(params, k_play, t, task_tokens, task_len, exp, exp_len, has_exp, obs, obs_len, live):
             chex.assert_rank([task_tokens, exp, obs, obs_len, live], [2, 2, 2, 1, 1])
             return sample_turn(rt.actor_graphdef, params, rt.tiny.seg, allowed, rt.tiny.action_ids, k_play, t,
@@ -119,7 +120,7 @@ class Games:
             st, text, r, d, info = self.adapters[i].step(self.states[i], int(actions[i]))
             self.states[i], self.texts[i] = st, text
             self.ret[i] += r
-            self.succ[i] |= bool(info["success"])
+            self.succ[i] |= bool(info["success"] if "success" in info else info["won"])  # text games: "won"
             self.done[i] |= bool(d)
         obs, obs_len = self.renderer.batch(self.texts)
         return obs, obs_len, active

@@ -29,9 +29,10 @@ from crl_jax.sampling import SamplerConfig, sample_tokens
 def distill_prompts(rt, task_tokens, task_len, ep, exp, exp_len, has_exp):
     """[N, Pd] prompts and [N] lengths (Pd = extraction.prompt_len)."""
     p, budget, pad = rt.llm.distill_pieces, rt.cfg.extraction.prompt_len, rt.tokenizer.pad_id
-    return jax.vmap(lambda g, gl, o, ol, a, ac, s, e, el, he: distill_prompt(p, budget, g, gl, o, ol, a, ac, s, e, el,
-                                                                             he, pad))(
-        task_tokens, task_len, ep.obs, ep.obs_len, ep.actions, ep.active, ep.success, exp, exp_len, has_exp)
+    return jax.vmap(lambda g, gl, o, ol, a, ac, s, e, el, he, mv, ml: distill_prompt(
+        p, budget, g, gl, o, ol, a, ac, s, e, el, he, pad, mv, ml))(
+        task_tokens, task_len, ep.obs, ep.obs_len, ep.actions, ep.active, ep.success, exp, exp_len, has_exp,
+        ep.move, ep.move_len)
 
 
 def parse_responses(rt, resp, rlen):

@@ -219,28 +219,36 @@ def _three(text: str):
     return a, b, c
 
 
-def trajectory(p: DistillPieces, obs, obs_len, actions, active):
-    """One episode's transcript -> (tokens [traj_cap], length). obs [T, Lo], actions/active [T]."""
+def trajectory(p: DistillPieces, obs, obs_len, actions, active, move=None, move_len=None):
+    """One episode's transcript -> (tokens, length). obs [T, Lo], actions/active [T]. `move` [T, Wm] /
+    `move_len` [T]: each turn's move as tokens (host text games, whose commands change from state to state
+    and so have no fixed name table); a turn without a valid move (action -1) shows the invalid-move text."""
     A = p.action_names[0].shape[0] - 1
     segs = []
     for t in range(p.num_turns):
         on = active[t]
         a = jnp.where((actions[t] >= 0) & (actions[t] < A), actions[t], A)
         m = lambda seg, on=on: (seg[0], jnp.where(on, seg[1], _Z))
-        segs += [m((p.step_pre[0][t], p.step_pre[1][t])), m((obs[t], obs_len[t])), m(p.step_mid),
-                 m((p.action_names[0][a], p.action_names[1][a])), m(p.step_post)]
+        if move is None:
+            name = [m((p.action_names[0][a], p.action_names[1][a]))]
+        else:  # the command itself, or (row A) the invalid-move text
+            own = actions[t] >= 0
+            name = [(move[t], jnp.where(on & own, move_len[t], _Z)),
+                    (p.action_names[0][A], jnp.where(on & ~own, p.action_names[1][A], _Z))]
+        segs += [m((p.step_pre[0][t], p.step_pre[1][t])), m((obs[t], obs_len[t])), m(p.step_mid), *name,
+                 m(p.step_post)]
     return pack_segments(segs)
 
 
 def distill_prompt(p: DistillPieces, budget: int, goal, goal_len, obs, obs_len, actions, active, success, entry,
-                   entry_len, has_entry, pad_id: int = 0):
+                   entry_len, has_entry, pad_id: int = 0, move=None, move_len=None):
     """One episode's distillation prompt -> (tokens [budget], length); trajectory cut from the left."""
     use = has_entry & (entry_len > 0)
     n = lambda seg: (seg[0], jnp.where(use, seg[1], _Z))
     ret = pack_segments([n(p.ret_pre), (entry, jnp.where(use, entry_len, _Z)), n(p.ret_post)])
     i = success.astype(jnp.int32)
     out = (p.outcome[0][i], p.outcome[1][i])
-    traj, traj_len = trajectory(p, obs, obs_len, actions, active)
+    traj, traj_len = trajectory(p, obs, obs_len, actions, active, move, move_len)
     fixed = sum(v[1] for k, v in p.layout.items if k == "text")
     used = fixed + goal_len + out[1] + ret[1]
     traj = truncate_left(traj, traj_len, jnp.maximum(budget - used, 0), pad_id=pad_id)

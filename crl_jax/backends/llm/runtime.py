@@ -24,10 +24,12 @@ from flax import nnx
 from crl_jax.backends.base import (  # noqa: F401  (normalise: the test hook's, tests/_llm_common.py)
     LLMParts, Runtime, assemble, builtin_envs, normalise, pad_rows,
 )
+from crl_jax.backends.host.env import TEXT_ACTIONS, check_llm_host, host_envs, make_host_renderer
 from crl_jax.backends.llm.answer import make_reply_parser, reply_stop_tokens
 from crl_jax.backends.llm.backend import LLM
 from crl_jax.backends.llm.merge import prompt_len as merge_prompt_len
 from crl_jax.config import Config, ConfigError
+from crl_jax.envs.adapters import names as adapter_names
 from crl_jax.envs.render import make_token_renderer
 from crl_jax.learner import loss_fns
 from crl_jax.learner import train_state as ts
@@ -128,7 +130,10 @@ def loss_configs(cfg: Config) -> tuple[loss_fns.PPOLossConfig, loss_fns.CISPOLos
 def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=None) -> Runtime:
     """The LLM path's Runtime of a normalised config (`crl_jax.loop.runtime.build` normalises and caches).
     `tokenizer` / `*_config`: test hooks (random-init models of the given shapes with this tokenizer)."""
-    env, eval_env = builtin_envs(cfg)
+    is_host = cfg.env.name in adapter_names()  # a host adapter: the games run in `backends.host.driver`
+    if is_host:
+        check_llm_host(cfg)
+    env, eval_env = host_envs(cfg, text_actions=True) if is_host else builtin_envs(cfg)
     if tokenizer is not None:
         acfg, a_host, ecfg, e_host, tok, etok = actor_config, None, extractor_config, None, tokenizer, None
     else:
@@ -141,14 +146,15 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
     if etok is not None and tok.vocab_size != etok.vocab_size:
         raise ConfigError("extractor: actor and extractor must share one tokenizer in this implementation")
     T = min(cfg.env.max_turns, env.max_steps)
-    renderer = make_token_renderer(env, tok)
-    eval_renderer = make_token_renderer(eval_env, tok)
+    render = make_host_renderer if is_host else make_token_renderer
+    renderer, eval_renderer = render(env, tok), render(eval_env, tok)
+    names = env.action_names or (TEXT_ACTIONS,)  # text games: their commands change per state (listed in each view)
     tr_rows = task_rows(tok, env, "", cfg.env.task_ids_in_text)
     ev_rows = task_rows(tok, eval_env, "E", cfg.env.task_ids_in_text)
     width = max(len(r) for r in tr_rows + ev_rows)
     ttok, tlen = pad_rows(tr_rows, width)
     etok_, elen = pad_rows(ev_rows, width)
-    apieces = build_actor_pieces(tok, cfg.prompts, env.action_names, T, goal_cap=width,
+    apieces = build_actor_pieces(tok, cfg.prompts, names, T, goal_cap=width,
                                  obs_cap=renderer.max_len, entry_cap=cfg.bank.entry_len,
                                  action_cap=cfg.rollout.max_action_tokens, variant=cfg.llm_prompt)
     dpieces = build_distill_pieces(tok, cfg.prompts, env.action_names, T, goal_cap=width, obs_cap=renderer.max_len,
@@ -169,7 +175,7 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
     co_update = ts.make_co_update(loss_fns.actor_ppo_loss(actor_loss), loss_fns.extractor_cispo_loss(extractor_loss),
                                   microbatches=cfg.loss.microbatches, donate=False)
     parts = LLMParts(actor_pieces=apieces, distill_pieces=dpieces,
-                     answer_parser=make_reply_parser(env, tok, apieces.prefill),
+                     answer_parser=make_reply_parser(env, tok, apieces.prefill) if env.action_names else None,
                      actor_stop_tokens=reply_stop_tokens(tok, apieces.prefill), actor_weights=a_host,
                      extractor_weights=e_host)
     return assemble(cfg, backend=LLM, tokenizer=tok, env=env, eval_env=eval_env, renderer=renderer,

@@ -16,12 +16,14 @@ state of the current episode; use one adapter per parallel game.
 Text adapters have a variable action set: `action_names` is the admissible commands of the latest
 state (`env.admissible(state)` for any state) and `step` takes an index into it or a command string.
 
-`make_adapter(name, **params)` builds one; heavy imports happen only then.
+`make_adapter(name, **params)` builds one (`make_pool_adapter`: one of a run's pools); heavy imports happen
+only then.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 
 _REGISTRY = {
     "minihack-room": ("crl_jax.envs.adapters.minihack", "MiniHackRoom"),
@@ -34,8 +36,20 @@ def names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def make_adapter(name: str, **params):
+def adapter_class(name: str):
     if name not in _REGISTRY:
         raise ValueError(f"make_adapter: unknown adapter {name!r}; known: {sorted(_REGISTRY)}")
     mod, cls = _REGISTRY[name]
-    return getattr(importlib.import_module(mod), cls)(**params)
+    return getattr(importlib.import_module(mod), cls)
+
+
+def make_adapter(name: str, **params):
+    return adapter_class(name)(**params)
+
+
+def make_pool_adapter(name: str, *, pool: str, num_tasks: int, pool_seed: int, **params):
+    """`make_adapter` for a run's pool: the pool keys (`pool`, `num_tasks`, `pool_seed`) are passed to the
+    adapters that take them; `alfworld`'s tasks are its fixed problem files (the same for both pools)."""
+    keys = inspect.signature(adapter_class(name)).parameters
+    pool_keys = {"pool": pool, "num_tasks": num_tasks, "pool_seed": pool_seed}
+    return make_adapter(name, **{k: v for k, v in pool_keys.items() if k in keys}, **params)
