@@ -26,6 +26,11 @@ per point: mean ± 95% t-interval over seeds) and `curves.png`.
 
 The spec and its expansion into members: `crl_jax.infra.sweep_spec`.
 
+Safety: the sweep folder is locked for the whole sweep (`RunLock`: a second sweep into it is refused);
+SIGTERM / SIGINT stop it after the current chunk (`infra.preempt`: every member has the checkpoint of the step
+reached; exit 128 + the signal number); sweep.json, the tables and each member's summary.json are replaced
+atomically, and a damaged member summary.json counts as unfinished (it is computed again).
+
 Resume: a member whose folder has a summary.json for the requested number of steps is done; a program
 whose members are all done is skipped (never compiled). Otherwise the program restarts from the latest
 checkpoint step every unfinished member has (chunks of `chunk` steps between checkpoints); checkpoints a member
@@ -307,14 +312,14 @@ def run_sweep(spec: SweepSpec, out: str, *, chunk: int | None = None, progress: 
     """Run (or resume) a sweep into `out`; returns the per-point summary rows (also written to
     `out/summary.md` and `out/summary.csv`)."""
     members = expand(spec, out)
-    refuse_shortening(members)  # before any program runs (or sweep.json is rewritten)
-    programs = plan(members, spec.per_point, spec.vmap_seeds)
     os.makedirs(out, exist_ok=True)
     with RunLock(out), preempt.stop_requests():  # one sweep per folder; SIGTERM / SIGINT stop at a chunk end
-        return _sweep_locked(spec, out, members, programs, chunk=chunk, progress=progress, plot=plot, log=log)
+        return _sweep_locked(spec, out, members, chunk=chunk, progress=progress, plot=plot, log=log)
 
 
-def _sweep_locked(spec, out, members, programs, *, chunk, progress, plot, log) -> list[dict]:
+def _sweep_locked(spec, out, members, *, chunk, progress, plot, log) -> list[dict]:
+    refuse_shortening(members)  # before any program runs (or sweep.json is rewritten)
+    programs = plan(members, spec.per_point, spec.vmap_seeds)
     write_json_atomic(os.path.join(out, "sweep.json"), {
         "config": spec.config, "overrides": spec.overrides, "grid": spec.grid, "seeds": list(spec.seeds),
         "programs": [[f"{m.point}/seed{m.seed}" for m in p.members] for p in programs]})
