@@ -10,7 +10,9 @@
     crl-jax bank show DIR [--task N] [--top N] | crl-jax bank export DIR --out FILE.jsonl
 
 Errors in the config, checkpoint, bank file or run folder exit with status 2 and one line naming what is
-wrong; a run stopped for too many non-finite updates exits 3; Ctrl-C exits 130 (rerun to resume).
+wrong; a run stopped for too many non-finite updates exits 3; SIGINT (Ctrl-C) / SIGTERM stop a run, sweep or
+demo at the next chunk boundary with a checkpoint and exit 130 / 143 (rerun to resume). docs/USAGE.md,
+"Errors, exit codes and preemption".
 """
 
 from __future__ import annotations
@@ -310,7 +312,8 @@ def _token_renderer_error(e: Exception) -> bool:
 
 def report_errors(fn, *args, prog: str = "crl-jax"):
     """Call `fn(*args)`; bad input (config, checkpoint, model folder, run folder, files) exits 2 with one
-    `PROG: error: ...` line, a run stopped for non-finite updates exits 3, Ctrl-C exits 130. Shared by
+    `PROG: error: ...` line, a run stopped for non-finite updates exits 3, a run stopped by a signal exits 128 +
+    its number (SIGINT 130, SIGTERM 143), a second Ctrl-C 130. Shared by
     `crl-jax` and experiments/sweep.py."""
     from crl_jax.config import ConfigError
     from crl_jax.infra.errors import CheckpointError
