@@ -65,3 +65,18 @@ def stop_requests():
 def requested() -> int | None:
     """The signal number of a pending stop request, else None."""
     return _pending[0] if _pending else None
+
+
+def requested_by_any() -> int | None:
+    """`requested()` of any process of a multi-process job (one all-gather per call; no collective for one
+    process): checkpoints are collective, so every process must stop at the same chunk boundary even when the
+    scheduler's signals reach them at different times."""
+    import jax
+
+    if jax.process_count() == 1:
+        return requested()
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    got = np.asarray(multihost_utils.process_allgather(np.int32(requested() or 0)))
+    return int(got.max()) or None

@@ -266,7 +266,7 @@ def _train(cfg, out_dir, *, resume, progress, label, main, max_nonfinite, log) -
         while done < cfg.steps and stopped is None and signalled is None:
             target = min(done + cfg.checkpoint_every - done % cfg.checkpoint_every, cfg.steps)
             while done < target:
-                signalled = preempt.requested()
+                signalled = preempt.requested_by_any()
                 if signalled is not None:  # SIGTERM / SIGINT: stop at this chunk boundary (saved below)
                     break
                 n = min(CHUNK_STEPS, target - done)
