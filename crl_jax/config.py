@@ -11,10 +11,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-import yaml
-
 from crl_jax.config_checks import (  # noqa: F401  (re-exported: the config's public names)
-    REMOVED_KEYS, ConfigError, _build, _deep_merge, drop_removed_keys, parse_overrides, validate,
+    REMOVED_KEYS, ConfigError, _build, _deep_merge, check_env_params, drop_removed_keys, load_yaml, parse_overrides,
+    validate,
 )
 
 
@@ -325,6 +324,7 @@ def to_dict(cfg) -> dict:
 def from_dict(data: dict) -> Config:
     cfg = _build(Config, data)
     validate(cfg)
+    check_env_params(cfg.env.name, cfg.env.params)
     return cfg
 
 
@@ -347,11 +347,11 @@ def load(path: str | None = None, overrides: list[str] | dict | None = None) -> 
     if path:
         try:
             with open(path) as f:
-                data = yaml.safe_load(f) or {}
+                data = load_yaml(f, f"config file {path}")
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if data is None:  # empty, or comments only: likely the wrong file
+            raise ConfigError(f"config file {path} is empty (no keys); leave out --config for the default config")
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
     if overrides:

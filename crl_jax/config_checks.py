@@ -143,6 +143,36 @@ def _build(cls, data: Any, prefix: str = ""):
 
 
 # ------------------------------------------------------------------------------------------------
+# YAML files: a key given twice is an error (PyYAML keeps the last one without a word)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                line = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: SafeLoader's own error follows
+                continue
+            if line != key_node.start_mark.line + 1:
+                raise ConfigError(f"key {key!r} is given twice (lines {line} and {key_node.start_mark.line + 1}); "
+                                  "the second would silently replace the first: merge them")
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(stream, source: str):
+    """`yaml.safe_load(stream)` that refuses a mapping key given twice (ConfigError naming `source`, the key and
+    both lines) and reports a YAML syntax error as a ConfigError too."""
+    try:
+        return yaml.load(stream, Loader=_UniqueKeyLoader)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source} is not valid YAML: {e}") from None
+
+
+# ------------------------------------------------------------------------------------------------
 # Dotted overrides
 
 
@@ -185,6 +215,58 @@ def _deep_merge(a: dict, b: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
+# env.params against the environment's constructor
+
+
+_SET_BY_THE_RUN = {"pool", "num_tasks", "pool_seed"}  # `make` keywords the run sets from env.* itself
+
+
+def env_param_types(name: str) -> dict[str, type] | None:
+    """{keyword: type of its default} of a built-in environment's constructor chain (its `__init__` and the
+    base classes' it hands `**kw` to); None for an environment not in `crl_jax.envs`' registry (a host
+    adapter registered at run time: its parameters are its own business)."""
+    import importlib
+    import inspect
+
+    from crl_jax import envs
+
+    if name not in envs.names():
+        return None
+    module, cls = envs._REGISTRY[name]
+    out: dict[str, type] = {}
+    for klass in getattr(importlib.import_module(module), cls).__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        more = False
+        for p in inspect.signature(vars(klass)["__init__"]).parameters.values():
+            if p.kind is p.VAR_KEYWORD:
+                more = True
+            elif p.name != "self" and p.default is not p.empty and p.name not in out:
+                out[p.name] = type(p.default)
+        if not more:
+            break
+    return {k: v for k, v in out.items() if k not in _SET_BY_THE_RUN}
+
+
+def check_env_params(name: str, params: dict) -> None:
+    """Every `env.params` key is a keyword of the environment's constructor and its value has the type of
+    that keyword's default (`dark: "false"` is a string, which Python would read as true): ConfigError naming
+    `env.params.KEY` otherwise."""
+    types_ = env_param_types(name)
+    if types_ is None:
+        return
+    for k, v in params.items():
+        key = f"env.params.{k}"
+        if k in _SET_BY_THE_RUN:
+            raise ConfigError(f"{key}: set by the run from env.num_train_tasks / num_eval_tasks / pool_seed; delete it")
+        if k not in types_:
+            raise ConfigError(f"{key}: not a parameter of env {name!r}; its parameters: {sorted(types_)}")
+        tp = types_[k]
+        if tp in (bool, int, float, str):
+            _check_value(key, tp, v)
+
+
+# ------------------------------------------------------------------------------------------------
 # Range checks
 
 
@@ -195,7 +277,7 @@ def validate(cfg) -> None:
         if not cond:
             raise ConfigError(f"{key}: {msg}")
 
-    need(cfg.steps >= 0, "steps", "must be >= 0")
+    need(cfg.steps >= 1, "steps", "must be >= 1 (0 steps would train nothing and write a summary of nulls)")
     need(cfg.rollout.groups >= 1, "rollout.groups", "must be >= 1")
     need(cfg.rollout.group_size >= 2, "rollout.group_size", "must be >= 2 (GRPO needs a group)")
     if cfg.loss.group_split and cfg.uses_bank:

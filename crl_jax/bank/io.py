@@ -62,15 +62,21 @@ def format_entries(bank: ExperienceBank, tokenizer, task: int | None = None, top
     return "\n".join(lines) + "\n"
 
 
+HEADER = "crl_jax_bank_export"  # key of an export's first line: {HEADER: 1, "entries": N}
+
+
 def export_jsonl(bank: ExperienceBank, tokenizer, path) -> int:
-    """Write one JSON object per valid entry (fields of `entry_records` plus its retrieval `key`) to `path`;
-    returns the count. `load_jsonl` reads it back (method=offline)."""
+    """Write a header line `{HEADER: 1, "entries": N}` then one JSON object per valid entry (fields of
+    `entry_records` plus its retrieval `key`) to `path`, through a temporary file (a killed export leaves no
+    file); returns N. `load_jsonl` reads it back (method=offline) and refuses a file holding fewer or more
+    entries than its header announces (cut short, or edited)."""
+    from crl_jax.infra.atomic import write_text_atomic
+
     recs = entry_records(bank, tokenizer)
     keys = np.asarray(bank.keys)
-    with open(path, "w", encoding="utf-8") as f:
-        for r in recs:
-            r = dict(r, key=[round(float(x), 7) for x in keys[r["slot"]]])
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    lines = [json.dumps({HEADER: 1, "entries": len(recs)})]
+    lines += [json.dumps(dict(r, key=[round(float(x), 7) for x in keys[r["slot"]]]), ensure_ascii=False) for r in recs]
+    write_text_atomic(str(path), "\n".join(lines) + "\n")
     return len(recs)
 
 
@@ -102,8 +108,9 @@ def _read_lines(path) -> list[str]:
     return out
 
 
-def parse_entry(path, i: int, line: str, key_dim: int) -> tuple[str, int, np.ndarray]:
-    """(text, task, key [key_dim] float32) of one JSON line, or a one-line ConfigError naming file and line.
+def parse_entry(path, i: int, line: str, key_dim: int, num_tasks: int | None = None) -> tuple[str, int, np.ndarray]:
+    """(text, task, key [key_dim] float32) of one JSON line, or a one-line ConfigError naming file and line;
+    `task` must be below `num_tasks` (the run's training tasks) when it is given.
 
     `key` is required: retrieval queries are embeddings of a task's text plus its first observation, which a
     line of text cannot reproduce, so an entry keyed by its own text would never be retrieved."""
@@ -119,6 +126,11 @@ def parse_entry(path, i: int, line: str, key_dim: int) -> tuple[str, int, np.nda
     task = r.get("task", 0)
     if isinstance(task, bool) or not isinstance(task, int) or task < 0:
         raise _bank_error(path, i, f"`task` must be a non-negative integer, got {task!r}")
+    if num_tasks is not None and task >= num_tasks:
+        raise _bank_error(path, i, f"`task` {task} is not a task of this run (env.num_train_tasks={num_tasks}: "
+                                   f"0..{num_tasks - 1}); its entry could never be retrieved")
+    if task >= 2**31:
+        raise _bank_error(path, i, f"`task` {task} is out of range (at most {2**31 - 1})")
     if "key" not in r:
         raise _bank_error(path, i, "no `key`: an entry's key is the embedding of its task text + first observation "
                                    "(what queries are), which its text alone cannot give; write bank files with "
@@ -134,17 +146,38 @@ def parse_entry(path, i: int, line: str, key_dim: int) -> tuple[str, int, np.nda
     return text, task, key
 
 
-def load_jsonl(bank: ExperienceBank, tokenizer, path, embedder=None) -> ExperienceBank:
+def _entry_lines(path) -> list[tuple[int, str]]:
+    """(line number, text) of the entry lines of a bank file; an export's header line is checked against the
+    entries that follow it (a file cut between complete lines is refused, naming the counts)."""
+    lines = [(i, line) for i, line in enumerate(_read_lines(path), 1) if line.strip()]
+    if not lines:
+        return lines
+    try:
+        head = json.loads(lines[0][1])
+    except json.JSONDecodeError:
+        return lines
+    if not (isinstance(head, dict) and HEADER in head):
+        return lines  # a hand-written file: no header, nothing to count against
+    n = head.get("entries")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise _bank_error(path, lines[0][0], f"the header's `entries` must be a count, got {n!r}")
+    if len(lines) - 1 != n:
+        raise _bank_error(path, None, f"holds {len(lines) - 1} entries, its header announces {n}: the file was cut "
+                                      "short or edited; export it again (`crl-jax bank export`)")
+    return lines[1:]
+
+
+def load_jsonl(bank: ExperienceBank, tokenizer, path, embedder=None, num_tasks: int | None = None) -> ExperienceBank:
     """Add the entries of a JSON-lines file (as written by `export_jsonl`) to `bank`, in file order.
 
     Each line needs `text` and `key` (a list of `bank.key_dim` finite floats); `task` (a non-negative
-    integer) defaults to 0. A bad line raises `ConfigError` naming the file and line; an empty file, texts
+    integer below `num_tasks` when given) defaults to 0; an export's header line must count the entries. A
+    bad line raises `ConfigError` naming the file and line; an empty file, texts
     longer than `bank.entry_len` tokens and more entries than `bank.capacity` give a `BankFileWarning` with
     the counts. `embedder` is not used (an entry's key cannot be computed from its text; see `parse_entry`).
     """
     del embedder
-    entries = [parse_entry(path, i, line, bank.key_dim)
-               for i, line in enumerate(_read_lines(path), 1) if line.strip()]
+    entries = [parse_entry(path, i, line, bank.key_dim, num_tasks) for i, line in _entry_lines(path)]
     if not entries:
         warnings.warn(f"offline bank file {path} holds no entries: the bank starts empty", BankFileWarning,
                       stacklevel=2)

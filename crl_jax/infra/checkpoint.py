@@ -7,6 +7,10 @@ Typed PRNG keys are stored as their raw key data and re-wrapped on restore. Rest
 template state (a freshly initialised one) so shapes and dtypes are checked; a checkpoint that does
 not match or cannot be read raises `CheckpointError` with one line naming the directory.
 
+Every committed checkpoint carries the sha256 of each of its files (`CHECKSUMS` in the step folder), verified
+before a restore: flipped bytes in an array file are a `CheckpointError` naming the file (Orbax itself only
+notices cut files), and `restore_latest_valid` goes past such a checkpoint like any unreadable one.
+
 Nothing is skipped silently: a save that Orbax declines (its step is not newer than the newest one
 on disk) raises, and `restore_latest_valid` moves the unreadable checkpoints newer than the one it
 restores aside (`RUN_DIR/corrupt_checkpoints/<step>`), so the retrained steps can be written again
@@ -16,6 +20,9 @@ and no reader later trips over them. A sweep resuming its members from their com
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -24,6 +31,7 @@ import sys
 import jax
 import orbax.checkpoint as ocp
 
+from crl_jax.infra.atomic import write_json_atomic
 from crl_jax.infra.errors import CheckpointError  # noqa: F401  (re-exported: the class the CLI catches)
 
 
@@ -65,6 +73,28 @@ def _quiet_orphaned_reads(path: str) -> None:
     sys.unraisablehook = hook
 
 
+LIBRARY_LOGGERS = ("absl", "orbax", "jax", "tensorstore")
+
+
+def _drop_errors(record: logging.LogRecord) -> bool:
+    return record.levelno < logging.ERROR
+
+
+@contextlib.contextmanager
+def _library_errors_silenced():
+    """A failed save (a full disk) makes Orbax log the failure, with tracebacks, through absl (~300 lines) before
+    it raises; the `CheckpointError` says it in one line, so ERROR records of these loggers are dropped while a
+    save runs (their warnings and below pass)."""
+    loggers = [logging.getLogger(n) for n in LIBRARY_LOGGERS]
+    for lg in loggers:
+        lg.addFilter(_drop_errors)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(_drop_errors)
+
+
 def _to_saveable(state):
     return state.replace(key=jax.random.key_data(state.key))
 
@@ -83,6 +113,51 @@ def _first_line(e: BaseException, limit: int = 160) -> str:
     text = (str(e).strip().splitlines() or [""])[0]
     text = text if len(text) <= limit else text[: limit - 3] + "..."
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+CHECKSUMS = "crl_jax_checksums.json"  # in each step folder: {relative path: sha256} of Orbax's files
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(step_dir: str) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(r, f), step_dir) for r, _, fs in os.walk(step_dir) for f in fs
+                  if f != CHECKSUMS)
+
+
+def write_checksums(step_dir: str) -> None:
+    """Record the sha256 of every file of a committed checkpoint (`CHECKSUMS`, written atomically): Orbax
+    detects a cut file but restores flipped bytes in an array file without a word."""
+    sums = {f: _sha256(os.path.join(step_dir, f)) for f in _files(step_dir)}
+    write_json_atomic(os.path.join(step_dir, CHECKSUMS), sums)
+
+
+def checksum_mismatch(step_dir: str) -> str | None:
+    """None when the step folder's files match its `CHECKSUMS` (or it has none: written before checksums, or a
+    kill came between Orbax's commit and the checksum file); else what is wrong, naming the file."""
+    path = os.path.join(step_dir, CHECKSUMS)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            sums = json.load(f)
+    except (OSError, ValueError) as e:
+        return f"{CHECKSUMS} unreadable ({type(e).__name__})"
+    if not isinstance(sums, dict):
+        return f"{CHECKSUMS} is not a mapping"
+    for name, digest in sorted(sums.items()):
+        f = os.path.join(step_dir, name)
+        if not os.path.isfile(f):
+            return f"{name} is missing"
+        if _sha256(f) != digest:
+            return f"{name} does not match its sha256 checksum"
+    return None
 
 
 def step_dirs(directory: str) -> list[int]:
@@ -116,20 +191,27 @@ class Checkpointer:
         """Write the checkpoint of `step` and wait for it; raises `CheckpointError` when it was not written."""
         step = int(step)
         try:
-            saved = self._mgr.save(step, args=self._ocp.args.StandardSave(_to_saveable(state)))
-            self._mgr.wait_until_finished()
+            with _library_errors_silenced():
+                saved = self._mgr.save(step, args=self._ocp.args.StandardSave(_to_saveable(state)))
+                self._mgr.wait_until_finished()
         except Exception as e:  # orbax: ValueError (step exists), OSError (disk full), tensorstore errors
             raise CheckpointError(f"checkpoint of step {step} could not be written to {self.directory}: "
                                   f"{_first_line(e)}") from e
         if not saved:
             raise CheckpointError(f"checkpoint of step {step} was not written to {self.directory}: the folder "
                                   f"already holds step(s) {self.steps()}, not older than it")
+        if jax.process_count() == 1:  # (several processes: each writes its own files, maybe on its own disk)
+            write_checksums(os.path.join(self.directory, str(step)))
 
     def restore(self, template, step: int | None = None):
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
         path = os.path.join(self.directory, str(step))
+        bad_file = checksum_mismatch(path)
+        if bad_file is not None:
+            raise CheckpointError(f"checkpoint {path} cannot be restored (corrupt: {bad_file}); rerun training with "
+                                  "--resume latest_valid to continue from the newest readable checkpoint")
         target = _abstract(_to_saveable(template))
         _quiet_orphaned_reads(path)
         try:

@@ -10,7 +10,9 @@
     crl-jax bank show DIR [--task N] [--top N] | crl-jax bank export DIR --out FILE.jsonl
 
 Errors in the config, checkpoint, bank file or run folder exit with status 2 and one line naming what is
-wrong; a run stopped for too many non-finite updates exits 3; Ctrl-C exits 130 (rerun to resume).
+wrong; a run stopped for too many non-finite updates exits 3; SIGINT (Ctrl-C) / SIGTERM stop a run, sweep or
+demo at the next chunk boundary with a checkpoint and exit 130 / 143 (rerun to resume). docs/USAGE.md,
+"Errors, exit codes and preemption".
 """
 
 from __future__ import annotations
@@ -50,13 +52,19 @@ def cmd_train(args):
 
 
 def cmd_config(args):
-    """Print the resolved config (file + overrides, validated) as YAML with every key, so keys are
-    discoverable and a run's exact settings can be copied."""
+    """Print the resolved config (file + overrides, validated) as YAML with every key and, above each, its
+    comment from crl_jax/config.py, so keys are discoverable and a run's exact settings can be copied."""
     import yaml
 
     from crl_jax.config import to_dict
 
-    print(yaml.safe_dump(to_dict(_load_cfg(args)), sort_keys=False, default_flow_style=False), end="")
+    cfg = _load_cfg(args)
+    if getattr(args, "comments", True):
+        from crl_jax.config_doc import commented_yaml
+
+        print(commented_yaml(cfg), end="")
+    else:
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False), end="")
 
 
 def _restore_run(run_dir):
@@ -186,15 +194,23 @@ resuming:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="crl-jax", description="Complementary RL in JAX")
+    from crl_jax import __version__
+
+    p = argparse.ArgumentParser(prog="crl-jax", description="Complementary RL in JAX",
+                                epilog="docs/USAGE.md, 'Errors, exit codes and preemption': exit 2 bad input, 3 "
+                                       "non-finite stop, 130 / 143 stopped by SIGINT / SIGTERM (rerun to resume)")
+    p.add_argument("--version", action="version", version=f"crl-jax {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="train one run (resumes from the latest checkpoint in --out)",
                        epilog=OVERRIDES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
-    t.add_argument("--method", default=None, choices=["crl", "grpo", "static_online", "offline", "exp_only"])
-    t.add_argument("--seed", type=int, default=None)
-    t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--method", default=None, choices=["crl", "grpo", "static_online", "offline", "exp_only"],
+                   help="the method (METHOD.md §4; default: the config's `method`, crl); same as method=M")
+    t.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="run seed: the run key (default: the config's `seed`, 0); same as seed=N")
+    t.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="training iterations, >= 1 (default: the config's `steps`, 80); a resume may raise it")
     t.add_argument("--out", default=None, help="run folder (default runs/<method>_seed<seed>)")
     t.add_argument("--resume", default="latest", choices=["latest", "latest_valid", "never"],
                    help="latest: the newest checkpoint (must be readable); latest_valid: the newest readable one "
@@ -212,9 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("config", help="show the resolved config (every key)", epilog=OVERRIDES_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("action", choices=["show"])
+    c.add_argument("action", choices=["show"], help="show: print the resolved config as YAML")
     c.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
-    c.add_argument("overrides", nargs="*", metavar="key=value")
+    c.add_argument("--no-comments", dest="comments", action="store_false",
+                   help="leave out each key's comment (from crl_jax/config.py), printed above it by default")
+    c.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. actor.lr=1e-3")
     c.set_defaults(fn=cmd_config)
 
     pt = sub.add_parser("pretrain", help="train (or load from the cache) the prior of a config (METHOD.md §6): "
@@ -223,44 +241,60 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--refit", action="store_true",
                     help="fit again into the cache even if a cached or shipped copy exists (the tiny prior: "
                     "and compare with the shipped copy)")
-    pt.add_argument("overrides", nargs="*", metavar="key=value")
+    pt.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. actor.lr=1e-3")
     pt.set_defaults(fn=cmd_pretrain)
 
     e = sub.add_parser("eval", help="evaluate the latest checkpoint of a run folder")
-    e.add_argument("run_dir")
+    e.add_argument("run_dir", help="a run folder (crl-jax train --out): its config.json and newest checkpoint")
     e.set_defaults(fn=cmd_eval)
 
     d = sub.add_parser("demo", help="the embedded default: CRL vs GRPO over seeds, table and plot")
-    d.add_argument("--seeds", type=int, default=5)
+    d.add_argument("--seeds", type=int, default=5, metavar="N", help="seeds 0..N-1 of every method (default 5)")
     d.add_argument("--methods", default="crl,grpo",
                    help="comma-separated methods: crl, grpo, static_online, offline, exp_only, or grpo_scratch (GRPO "
                         "without the prior); each beyond crl,grpo adds ~30-50%% time, over the 10-minute budget")
-    d.add_argument("--steps", type=int, default=None)
-    d.add_argument("--out", default="runs/demo")
-    d.add_argument("--config", default=None)
-    d.add_argument("overrides", nargs="*")
+    d.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="training iterations of every run (default: the config's `steps`, 80)")
+    d.add_argument("--out", default="runs/demo", help="demo folder: run folders OUT/<method>/seed<N>/, the "
+                   "table comparison.txt and plot comparison.png (rerunning resumes; default runs/demo)")
+    d.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
+    d.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides of every run")
     d.set_defaults(fn=cmd_demo)
 
     pl = sub.add_parser("plot", help="learning curves of run folders as a PNG")
-    pl.add_argument("run_dirs", nargs="+")
-    pl.add_argument("--out", default=None)
+    pl.add_argument("run_dirs", nargs="+", metavar="run_dir",
+                    help="run folders (or sweep members); runs with one label are averaged into one curve")
+    pl.add_argument("--out", default=None, help="PNG file to write (default: RUN_DIR/curves.png of the first)")
     pl.set_defaults(fn=cmd_plot)
 
     b = sub.add_parser("bank", help="inspect the experience bank of a run")
-    b.add_argument("action", choices=["show", "export"])
-    b.add_argument("run_dir")
-    b.add_argument("--task", type=int, default=None)
-    b.add_argument("--top", type=int, default=None)
-    b.add_argument("--out", default=None)
+    b.add_argument("action", choices=["show", "export"],
+                   help="show: print the entries, most retrieved first; export: write them as JSON lines (the "
+                        "bank file of --method offline, bank.offline_path)")
+    b.add_argument("run_dir", help="a run folder: its newest checkpoint's bank is read")
+    b.add_argument("--task", type=int, default=None, metavar="N", help="show: only the entries of task N")
+    b.add_argument("--top", type=int, default=None, metavar="N", help="show: only the N most retrieved entries")
+    b.add_argument("--out", default=None, metavar="FILE.jsonl", help="export: the file to write (written whole "
+                   "or not at all; its first line counts the entries, so a cut copy is refused on load)")
     b.set_defaults(fn=cmd_bank)
     return p
 
 
 def _one_line_warnings() -> None:
-    """Warnings (e.g. a bank file's `BankFileWarning`) as one `crl-jax: warning:` line each."""
+    """Warnings (e.g. a bank file's `BankFileWarning`) as one `crl-jax: warning:` line each, each text once
+    (the runtime of a run is built more than once, and each build would warn again)."""
     import warnings
 
     warnings.formatwarning = lambda message, category, *a, **k: f"crl-jax: warning: {message}\n"
+    shown = warnings.showwarning
+    seen: set[str] = set()
+
+    def once(message, category, filename, lineno, file=None, line=None):
+        if str(message) not in seen:
+            seen.add(str(message))
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = once
 
 
 def _os_message(e: OSError) -> str:
@@ -278,13 +312,18 @@ def _token_renderer_error(e: Exception) -> bool:
 
 def report_errors(fn, *args, prog: str = "crl-jax"):
     """Call `fn(*args)`; bad input (config, checkpoint, model folder, run folder, files) exits 2 with one
-    `PROG: error: ...` line, a run stopped for non-finite updates exits 3, Ctrl-C exits 130. Shared by
+    `PROG: error: ...` line, a run stopped for non-finite updates exits 3, a run stopped by a signal exits 128 +
+    its number (SIGINT 130, SIGTERM 143), a second Ctrl-C 130. Shared by
     `crl-jax` and experiments/sweep.py."""
     from crl_jax.config import ConfigError
     from crl_jax.infra.errors import CheckpointError
+    from crl_jax.infra.preempt import Stopped
 
     try:
         return fn(*args)
+    except Stopped as e:  # SIGTERM / SIGINT: checkpoint of the step reached saved; exit 128 + signal number
+        print(f"{prog}: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except (ConfigError, CheckpointError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -313,8 +352,24 @@ def report_errors(fn, *args, prog: str = "crl-jax"):
         raise
 
 
+def parse(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, but a subcommand's options may also follow its key=value overrides
+    (`train a.b=1 --steps 5`): the subcommand's own parser reads its arguments intermixed."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    subs = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+    i = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if i is None or i > 0 or argv[i] not in subs:
+        return parser.parse_args(argv)  # --help, --version, a missing or unknown command: argparse's message
+    try:
+        args = subs[argv[i]].parse_intermixed_args(argv[i + 1:])
+    except TypeError:  # a subcommand with subcommands of its own: plain parsing
+        return parser.parse_args(argv)
+    args.cmd = argv[i]
+    return args
+
+
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     _one_line_warnings()
     report_errors(args.fn, args)
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
 from crl_jax.config import ConfigError
+from crl_jax.infra.atomic import write_text_atomic
+from crl_jax.infra.errors import read_json
 from crl_jax.infra.plot import plot_runs, t_interval
 from crl_jax.infra.sweep import run_sweep
 from crl_jax.infra.sweep_spec import SweepSpec, _flat_overrides, expand
@@ -92,11 +93,10 @@ def demo(*, seeds: int = 5, out: str = "runs/demo", steps: int | None = None, co
     run_sweep(spec, out, chunk=members[0].cfg.checkpoint_every, plot=False, log=lambda *_: None)
     results: dict[str, list[dict]] = {m: [] for m in methods}
     for m in members:
-        with open(os.path.join(m.run_dir, "summary.json")) as f:
-            results[m.point].append(json.load(f))
+        results[m.point].append(read_json(os.path.join(m.run_dir, "summary.json"), error=ConfigError,
+                                          what="run summary"))
     table = comparison_table(results)
     png = plot_runs([m.run_dir for m in members], os.path.join(out, "comparison.png"))
-    with open(os.path.join(out, "comparison.txt"), "w") as f:
-        f.write(table + "\n")
+    write_text_atomic(os.path.join(out, "comparison.txt"), table + "\n")
     print("\n" + table + f"\n\nplot: {png}\ntable: {os.path.join(out, 'comparison.txt')}")
     return results

@@ -22,21 +22,33 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from crl_jax.config import ConfigError
+
+
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name, "")
+    try:
+        return int(v) if v.strip() else default
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={v!r} is not an integer") from None
+
 
 def settings(dist_cfg) -> dict | None:
     """(coordinator_address, num_processes, process_id) from the config, else the environment; None when
-    the job is a single process."""
+    the job is a single process; incomplete or inconsistent settings are a ConfigError naming the keys."""
     coord = dist_cfg.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS", "")
-    n = dist_cfg.num_processes if dist_cfg.num_processes > 1 else int(os.environ.get("JAX_NUM_PROCESSES", "1"))
-    pid = dist_cfg.process_id if dist_cfg.process_id >= 0 else int(os.environ.get("JAX_PROCESS_ID", "-1"))
+    n = dist_cfg.num_processes if dist_cfg.num_processes > 1 else _env_int("JAX_NUM_PROCESSES", 1)
+    pid = dist_cfg.process_id if dist_cfg.process_id >= 0 else _env_int("JAX_PROCESS_ID", -1)
     if n <= 1 and not coord:
         return None
     if not coord or n <= 1 or pid < 0:
-        raise ValueError(f"distributed: need coordinator, num_processes > 1 and process_id >= 0 (got "
-                         f"{coord!r}, {n}, {pid}); set them in the config or JAX_COORDINATOR_ADDRESS / "
-                         "JAX_NUM_PROCESSES / JAX_PROCESS_ID")
+        missing = [k for k, bad in (("distributed.coordinator", not coord), ("distributed.num_processes", n <= 1),
+                                    ("distributed.process_id", pid < 0)) if bad]
+        raise ConfigError(f"{', '.join(missing)}: a multi-process job needs coordinator, num_processes > 1 and "
+                          f"process_id >= 0 (got {coord!r}, {n}, {pid}); set them in the config or "
+                          "JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID")
     if not 0 <= pid < n:
-        raise ValueError(f"distributed: process_id {pid} not in [0, {n})")
+        raise ConfigError(f"distributed.process_id: {pid} not in [0, {n}) (distributed.num_processes = {n})")
     return {"coordinator_address": coord, "num_processes": n, "process_id": pid}
 
 

@@ -8,11 +8,12 @@ with 7 significant digits so the same run gives a byte-identical file.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 
 import numpy as np
+
+from crl_jax.infra.atomic import write_json_atomic
 
 try:  # a core dependency; a run without it writes no event files
     from tensorboardX import SummaryWriter
@@ -141,6 +142,7 @@ def summary_from_rows(rows: list[dict]) -> dict:
         vals = vals[~np.isnan(vals)]
         out[f"{c}_last10"] = float(vals.mean()) if len(vals) else None
     out["late"] = late_means(rows)
+    out["rows"] = len(rows)  # what metrics.csv held: a file cut later between complete lines is detected by it
     return out
 
 
@@ -164,5 +166,5 @@ def late_means(rows: list[dict]) -> dict:
 
 
 def write_summary(run_dir: str, summary: dict) -> None:
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2, sort_keys=True)
+    """RUN_DIR/summary.json, replaced atomically (a sweep's resume and `crl-jax demo` read it)."""
+    write_json_atomic(os.path.join(run_dir, "summary.json"), summary, sort_keys=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections import defaultdict
 
 import numpy as np
@@ -96,6 +97,31 @@ def read_metrics(path: str) -> list[dict]:
     return rows
 
 
+def checked_rows(run_dir: str, rows: list[dict]) -> list[dict]:
+    """The rows of a run folder's metrics.csv, one per step (the last of a duplicated step), with a warning for
+    an empty file and for duplicated steps (two runs wrote into one folder); a file with fewer rows than its
+    summary.json counts (cut between complete lines, or edited) is a ConfigError naming both."""
+    path = os.path.join(run_dir, "metrics.csv")
+    if not rows:
+        warnings.warn(f"{path} holds no rows: the run is left out of the plot", stacklevel=2)
+        return rows
+    summary = os.path.join(run_dir, "summary.json")
+    if os.path.exists(summary):
+        s = read_json(summary, error=ConfigError, what="run summary")
+        steps, want = s.get("steps"), s.get("rows")
+        if isinstance(steps, int) and isinstance(want, int):
+            have = sum(int(r["step"]) <= steps for r in rows)
+            if have < want:
+                raise ConfigError(f"{path} holds {have} rows up to step {steps}, but {summary} counts {want}: the "
+                                  "file was cut short or edited; rerun the command that wrote it")
+    by_step = {int(r["step"]): r for r in rows}
+    if len(by_step) < len(rows):
+        warnings.warn(f"{path}: {len(rows) - len(by_step)} duplicated step(s) (two runs or sweeps wrote into one "
+                      "folder?); the plot uses the last row of each step", stacklevel=2)
+        rows = [by_step[k] for k in sorted(by_step)]
+    return rows
+
+
 def smooth_series(v: np.ndarray, window: int) -> np.ndarray:
     """Centred moving average that skips NaN and is exact at the ends: the window at index i is
     `min(window // 2, i, n - 1 - i)` steps on each side, so the first and last points are their own values
@@ -147,7 +173,11 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
         path = os.path.join(d, "metrics.csv")
         if not os.path.exists(path):
             raise FileNotFoundError(f"no metrics.csv in run folder {d!r}")
-        groups[run_label(d)].append(read_metrics(path))
+        rows = checked_rows(d, read_metrics(path))
+        if rows:
+            groups[run_label(d)].append(rows)
+    if not groups:
+        raise ConfigError(f"nothing to plot: the metrics.csv of {', '.join(map(repr, run_dirs))} hold no rows")
     # A bare Figure (no pyplot): drawn by the Agg canvas on save, whatever backend the process has chosen
     fig = Figure(figsize=(15, 12))
     axes = fig.subplots(3, 3)

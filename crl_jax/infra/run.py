@@ -23,7 +23,9 @@ run unless `overwrite` starts it clean; a folder whose run already has more step
 and left as it is (resuming it would drop its later checkpoints and rows); config.json is replaced atomically
 and keeps the saved label unless a new one is given; a resumed run whose metrics.csv lacks rows before its
 checkpoint is warned about; skipped non-finite updates are warned about, totalled in summary.json and stop the
-run past `max_nonfinite`; Ctrl-C raises `Interrupted` (the CLI exits 130).
+run past `max_nonfinite`. SIGTERM and SIGINT (`infra.preempt`) stop the run at the next chunk boundary (a chunk
+is at most `CHUNK_STEPS` steps and never crosses a checkpoint step): the step reached is checkpointed and
+`preempt.Stopped` raised (the CLI exits 128 + the signal number); a second signal raises `Interrupted` at once.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from crl_jax.backends.host import driver as host_loop
 from crl_jax.backends.llm.format_prior import format_prior_id
 from crl_jax.backends.llm.runtime import is_llm_config
 from crl_jax.config import Config, ConfigError, to_dict
-from crl_jax.infra import distributed
+from crl_jax.infra import distributed, memory, preempt
 from crl_jax.infra import sharding
 from crl_jax.infra.checkpoint import Checkpointer, step_dirs
 from crl_jax.infra.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
@@ -188,6 +190,8 @@ def run(cfg: Config, out_dir: str, *, resume: str = "latest", progress: bool = T
         raise ConfigError(f"resume={resume!r}: expected latest, latest_valid or never")
     os.makedirs(out_dir, exist_ok=True)
     distributed.initialize(cfg.distributed)  # no-op for one process
+    sharding.check_fits(cfg.mesh)  # before anything is built: a mesh the devices cannot hold is refused
+    memory.check(cfg)  # a rough lower bound of the memory the run needs, against what the devices have
     main = distributed.is_main()  # multi-process: process 0 writes the files, every process checkpoints
     lock = RunLock(out_dir) if main else _NoLock()
     with lock:
@@ -214,6 +218,12 @@ def program_config(cfg: Config) -> Config:
 
 
 def _run_locked(cfg, out_dir, *, resume, progress, label, main, max_nonfinite, log) -> dict:
+    with preempt.stop_requests():  # SIGTERM / SIGINT: stop at a chunk boundary with a checkpoint
+        return _train(cfg, out_dir, resume=resume, progress=progress, label=label, main=main,
+                      max_nonfinite=max_nonfinite, log=log)
+
+
+def _train(cfg, out_dir, *, resume, progress, label, main, max_nonfinite, log) -> dict:
     rt, init, chunk_fn, run_steps = engine(program_config(cfg))
     if run_steps is None:  # host driver: cadence read on the host each step, no program to share
         rt, init, chunk_fn, run_steps = engine(cfg)
@@ -250,12 +260,15 @@ def _run_locked(cfg, out_dir, *, resume, progress, label, main, max_nonfinite, l
                    file=sys.stderr, dynamic_ncols=True)
     t0 = time.time()
     seen = nonfinite_counts(state)
-    stopped = None
+    stopped = signalled = None
     reached = done
     try:
-        while done < cfg.steps and stopped is None:
+        while done < cfg.steps and stopped is None and signalled is None:
             target = min(done + cfg.checkpoint_every - done % cfg.checkpoint_every, cfg.steps)
             while done < target:
+                signalled = preempt.requested_by_any()
+                if signalled is not None:  # SIGTERM / SIGINT: stop at this chunk boundary (saved below)
+                    break
                 n = min(CHUNK_STEPS, target - done)
                 state, metrics = call(state, n, done + n)
                 rows = rows_from_chunk({k: v[:n] for k, v in jax.device_get(metrics).items()}, done)
@@ -274,7 +287,7 @@ def _run_locked(cfg, out_dir, *, resume, progress, label, main, max_nonfinite, l
                 if sum(now) > max_nonfinite:
                     stopped = now
                     break
-            if stopped is None:
+            if stopped is None and (signalled is None or (done > 0 and ck.latest_step() != done)):
                 ck.save(done, state)
     except KeyboardInterrupt:
         raise Interrupted(reached, ck.latest_step()) from None
@@ -292,6 +305,8 @@ def _run_locked(cfg, out_dir, *, resume, progress, label, main, max_nonfinite, l
                    prior=_prior_id(cfg))  # which prior (METHOD.md §6) the run started from; None = from scratch
     if stopped is not None:
         summary["stopped"] = "nonfinite"
+    if signalled is not None and stopped is None:  # no summary: the run is not finished
+        raise preempt.Stopped(done, signalled, saved=done > 0)
     if main:
         write_summary(out_dir, summary)
     if stopped is not None:

@@ -11,6 +11,7 @@ import os
 import shutil
 
 from crl_jax.config import Config, ConfigError, drop_removed_keys, to_dict
+from crl_jax.infra.atomic import write_json_atomic  # noqa: F401  (re-exported)
 from crl_jax.infra.checkpoint import step_dirs
 from crl_jax.infra.metrics import read_csv
 
@@ -119,22 +120,6 @@ def longer_run_error(out_dir: str, have: int, asked: int, again: str = "pass --o
     it would drop its later rows and checkpoints, so the folder is left as it is."""
     return RunFolderError(f"run folder {out_dir} already has {have} steps, more than the {asked} asked for; it is "
                           f"left as it is: ask for --steps >= {have} to go on, or {again} to start it again")
-
-
-def write_json_atomic(path: str, obj) -> None:
-    """Write `obj` as JSON to `path` through a temporary file and `os.replace`: a kill mid-write leaves the old
-    file (or none), never an empty or half-written one."""
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def missing_rows_warning(out_dir: str, done: int) -> str | None:

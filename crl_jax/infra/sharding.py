@@ -47,6 +47,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from crl_jax import loop
+from crl_jax.config import ConfigError
 from crl_jax.infra.distributed import fetch
 
 AXES = ("data", "fsdp", "tensor")
@@ -245,6 +246,19 @@ def init_sharded(rt, key, cfg, placement: Placement):
     its own shards — the multi-process way to place a fresh state (no host array spans processes)."""
     state = jax.jit(lambda k: loop.init_state(rt, k, cfg), out_shardings=placement.compute)(key)
     return jax.device_put(state, placement.state) if placement.disjoint else state  # one jit, one device set
+
+
+def check_fits(mesh_cfg, num_devices: int | None = None) -> None:
+    """ConfigError (naming mesh.*) unless the mesh asks for no sharding (every axis 1, no sub-mesh) or fills
+    the visible devices: a mesh larger than them would otherwise train unsharded on one device."""
+    if mesh_cfg.data == mesh_cfg.fsdp == mesh_cfg.tensor == 1 and mesh_cfg.extractor_devices <= 0:
+        return
+    n = jax.device_count() if num_devices is None else num_devices
+    try:
+        mesh_shape(mesh_cfg, n)
+        split_devices(mesh_cfg, list(range(n)))
+    except ValueError as e:
+        raise ConfigError(f"{e} ({n} device(s) visible; set mesh.* to 1 for one device)") from None
 
 
 def is_trivial(mesh_cfg, num_devices: int | None = None) -> bool:

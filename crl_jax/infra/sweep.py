@@ -26,6 +26,11 @@ per point: mean ± 95% t-interval over seeds) and `curves.png`.
 
 The spec and its expansion into members: `crl_jax.infra.sweep_spec`.
 
+Safety: the sweep folder is locked for the whole sweep (`RunLock`: a second sweep into it is refused);
+SIGTERM / SIGINT stop it after the current chunk (`infra.preempt`: every member has the checkpoint of the step
+reached; exit 128 + the signal number); sweep.json, the tables and each member's summary.json are replaced
+atomically, and a damaged member summary.json counts as unfinished (it is computed again).
+
 Resume: a member whose folder has a summary.json for the requested number of steps is done; a program
 whose members are all done is skipped (never compiled). Otherwise the program restarts from the latest
 checkpoint step every unfinished member has (chunks of `chunk` steps between checkpoints); checkpoints a member
@@ -37,7 +42,7 @@ for stops the sweep before anything is written (`RunFolderError`, one line).
 from __future__ import annotations
 
 import csv
-import json
+import io
 import os
 import sys
 import time
@@ -50,11 +55,16 @@ import numpy as np
 
 from crl_jax import loop
 from crl_jax.config import ConfigError, drop_removed_keys, to_dict
+from crl_jax.infra import preempt
 from crl_jax.infra.checkpoint import Checkpointer, step_dirs
 from crl_jax.infra.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
 from crl_jax.infra.plot import plot_runs, t_interval
 from crl_jax.infra.run import _prior_id
-from crl_jax.infra.run_folder import longer_run_error, missing_rows_warning, newest_checkpoint, write_json_atomic
+from crl_jax.infra.atomic import write_text_atomic
+from crl_jax.infra.errors import CheckpointError, read_json
+from crl_jax.infra.run_folder import (
+    RunLock, longer_run_error, missing_rows_warning, newest_checkpoint, write_json_atomic,
+)
 from crl_jax.infra.sweep_spec import Member, SweepSpec, expand
 from crl_jax.loop.runtime import Runtime, build
 
@@ -139,11 +149,15 @@ def member_state(stacked, flags_batched: bool, i: int):
 
 
 def is_complete(run_dir: str, steps: int) -> bool:
+    """The member's summary.json says it ran `steps` steps; a damaged one counts as not complete (the member
+    resumes from its last checkpoint, `steps`, and its summary is computed again)."""
     p = os.path.join(run_dir, "summary.json")
     if not (os.path.exists(p) and os.path.exists(os.path.join(run_dir, "metrics.csv"))):
         return False
-    with open(p) as f:
-        return json.load(f).get("steps") == steps
+    try:
+        return read_json(p).get("steps") == steps
+    except CheckpointError:
+        return False
 
 
 def _comparable(d: dict) -> dict:
@@ -155,9 +169,9 @@ def _write_config(m: Member) -> None:
     path = os.path.join(m.run_dir, "config.json")
     now = {**to_dict(m.cfg), "label": m.point}
     if os.path.exists(path):
-        with open(path) as f:
-            if _comparable(drop_removed_keys(json.load(f), path)) != _comparable(now):
-                raise ConfigError(f"run folder {m.run_dir} holds a run with a different config; use another --out")
+        if _comparable(drop_removed_keys(read_json(path, error=ConfigError, what="run config"), path)) != \
+                _comparable(now):
+            raise ConfigError(f"run folder {m.run_dir} holds a run with a different config; use another --out")
     write_json_atomic(path, now)
 
 
@@ -212,6 +226,12 @@ def run_program(prog: Program, *, chunk: int, bar=None, log=print) -> None:
     stacked, fb = stack_states(states) if prog.vmapped else (states[0], False)
     t0 = time.time()
     while done < prog.steps:
+        sig = preempt.requested()
+        if sig is not None:  # every member has the checkpoint of `done` (saved after each chunk)
+            for w, c in zip(writers, cks):
+                w.close()
+                c.close()
+            raise preempt.Stopped(done, sig, saved=done > 0)
         n = min(chunk - done % chunk, prog.steps - done)
         if prog.vmapped:
             stacked, metrics = vmapped_chunk(prog.rt, n, fb)(stacked, jnp.int32(prog.steps))
@@ -246,8 +266,7 @@ def summarize(members: list[Member]) -> list[dict]:
     for m in members:
         p = os.path.join(m.run_dir, "summary.json")
         if os.path.exists(p):
-            with open(p) as f:
-                by_point.setdefault(m.point, []).append(json.load(f))
+            by_point.setdefault(m.point, []).append(read_json(p, error=ConfigError, what="run summary"))
     rows = []
     for point, sums in by_point.items():
         row = {"point": point, "seeds": len(sums)}
@@ -273,14 +292,14 @@ def format_table(rows: list[dict]) -> str:
 def write_tables(out: str, rows: list[dict]) -> str:
     """Write out/summary.md and out/summary.csv; returns the markdown table."""
     table = format_table(rows)
-    with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write(table + "\n")
+    write_text_atomic(os.path.join(out, "summary.md"), table + "\n")
     cols = ["point", "seeds"] + [c for key, _ in SUMMARY_COLUMNS for c in (key, key + "_ci95")]
-    with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        for r in rows:
-            w.writerow([r[c] if c in ("point", "seeds") else ("" if np.isnan(r[c]) else f"{r[c]:.6g}") for c in cols])
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(cols)
+    for r in rows:
+        w.writerow([r[c] if c in ("point", "seeds") else ("" if np.isnan(r[c]) else f"{r[c]:.6g}") for c in cols])
+    write_text_atomic(os.path.join(out, "summary.csv"), buf.getvalue(), newline="")
     return table
 
 
@@ -293,12 +312,17 @@ def run_sweep(spec: SweepSpec, out: str, *, chunk: int | None = None, progress: 
     """Run (or resume) a sweep into `out`; returns the per-point summary rows (also written to
     `out/summary.md` and `out/summary.csv`)."""
     members = expand(spec, out)
+    os.makedirs(out, exist_ok=True)
+    with RunLock(out), preempt.stop_requests():  # one sweep per folder; SIGTERM / SIGINT stop at a chunk end
+        return _sweep_locked(spec, out, members, chunk=chunk, progress=progress, plot=plot, log=log)
+
+
+def _sweep_locked(spec, out, members, *, chunk, progress, plot, log) -> list[dict]:
     refuse_shortening(members)  # before any program runs (or sweep.json is rewritten)
     programs = plan(members, spec.per_point, spec.vmap_seeds)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "sweep.json"), "w") as f:
-        json.dump({"config": spec.config, "overrides": spec.overrides, "grid": spec.grid, "seeds": list(spec.seeds),
-                   "programs": [[f"{m.point}/seed{m.seed}" for m in p.members] for p in programs]}, f, indent=2)
+    write_json_atomic(os.path.join(out, "sweep.json"), {
+        "config": spec.config, "overrides": spec.overrides, "grid": spec.grid, "seeds": list(spec.seeds),
+        "programs": [[f"{m.point}/seed{m.seed}" for m in p.members] for p in programs]})
     log(f"sweep: {len(members)} runs in {len(programs)} program(s) -> {out}")
     bar = None
     if progress:

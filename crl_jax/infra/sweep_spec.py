@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from crl_jax.config import Config, ConfigError, load
-from crl_jax.config_checks import check_text_file
+from crl_jax.config_checks import check_text_file, load_yaml
 
 
 @dataclass(frozen=True)
@@ -87,11 +87,9 @@ def load_spec(path: str, *, seeds: int | None = None, steps: int | None = None) 
     check_text_file(path, "sweep file")
     try:
         with open(path, encoding="utf-8") as f:
-            d = yaml.safe_load(f)
+            d = load_yaml(f, f"sweep file {path}")
     except FileNotFoundError:
         raise ConfigError(f"sweep file not found: {path}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"sweep file {path} is not valid YAML: {e}") from None
     d = {} if d is None else d
     if not isinstance(d, dict):
         raise ConfigError(f"sweep file {path} must hold a mapping (config, overrides, grid, seeds, ...), "

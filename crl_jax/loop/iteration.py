@@ -86,7 +86,8 @@ def init_state(rt: Runtime, key, cfg=None) -> LoopState:
     actor, extractor = be.init_models(rt, cfg, k_a, k_e)
     bank = rt.bank_ops.init()
     if cfg.method == "offline":  # fill the bank from a JSON-lines file written by `crl-jax bank export`
-        bank = load_jsonl(bank, rt.tokenizer, cfg.bank.offline_path, rt.embedder)
+        bank = load_jsonl(bank, rt.tokenizer, cfg.bank.offline_path, rt.embedder,
+                          num_tasks=getattr(rt.env, "num_tasks", None))
     state = LoopState(
         flags=MethodFlags.from_config(cfg),
         actor=ts.create_train_state(actor, rt.actor_tx),  # the Runtime's optimizers: one compiled program

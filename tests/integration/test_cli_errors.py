@@ -251,3 +251,110 @@ def test_oserror_is_one_line_naming_the_file(capsys, tmp_path):
 
 def test_demo_needs_a_seed(capsys, tmp_path):
     one_error(capsys, ["demo", "--seeds", "0", "--out", str(tmp_path / "demo")], "--seeds")
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs that were silently reinterpreted, and settings that failed later with a traceback
+
+
+@pytest.mark.parametrize("text, words", [
+    ("env:\n  max_turns: 5\nsteps: 3\nenv:\n  name: maze\n", ["'env'", "twice", "lines 1 and 4"]),
+    ("actor:\n  lr: 1.0e-3\n  lr: 2.0e-3\n", ["'lr'", "twice"]),
+    ("", ["is empty"]),
+    ("# only a comment\n", ["is empty"]),
+    ("env:\n  params: {dark: \"false\"}\n", ["env.params.dark", "true/false", "'false'"]),
+])
+def test_config_files_that_were_reinterpreted_are_refused(capsys, tmp_path, text, words):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    one_error(capsys, ["config", "show", "--config", str(f)], str(f) if "env.params" not in words[0] else "", *words)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["env.params.dark='false'"], ["env.params.dark", "true/false"]),
+    (["env.params.crop=1.5"], ["env.params.crop", "integer"]),
+    (["env.params.drak=true"], ["env.params.drak", "not a parameter", "'dark'"]),
+    (["env.params.num_tasks=3"], ["env.params.num_tasks", "set by the run"]),
+    (["--steps", "0"], ["steps: must be >= 1"]),
+    (["mesh.data=16"], ["mesh", "16", "device(s) visible"]),
+    (["mesh.extractor_devices=0.01", "mesh.data=-1"], ["extractor_devices", "device(s) visible"]),
+    (["distributed.coordinator=localhost:1"], ["distributed.num_processes", "distributed.process_id"]),
+    (["distributed.coordinator=localhost:1", "distributed.num_processes=2", "distributed.process_id=2"],
+     ["distributed.process_id: 2 not in [0, 2)"]),
+    (["rollout.groups=1000000"], ["rollout.groups", "at least", "GiB", "available"]),
+])
+def test_train_settings_that_failed_late_are_one_line_before_anything_is_built(capsys, tmp_path, args, words):
+    one_error(capsys, ["train", "--quiet", "--out", str(tmp_path / "r"), *args], *words)
+
+
+def test_options_may_follow_overrides_and_every_option_has_help(capsys):
+    args = cli.parse(cli.build_parser(), ["train", "actor.lr=2e-3", "--steps", "3", "seed=1", "--quiet"])
+    assert args.overrides == ["actor.lr=2e-3", "seed=1"] and args.steps == 3 and args.quiet and args.cmd == "train"
+    args = cli.parse(cli.build_parser(), ["plot", "a", "--out", "x.png", "b"])
+    assert args.run_dirs == ["a", "b"] and args.out == "x.png"
+    parser = cli.build_parser()
+    subs = next(a.choices for a in parser._actions if a.dest == "cmd")
+    missing = [f"{name} {a.dest}" for name, p in subs.items() for a in p._actions
+               if a.dest != "help" and not a.help]
+    assert not missing, missing
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("crl-jax ")
+
+
+def test_config_show_prints_each_keys_comment_and_parses_back(capsys):
+    import yaml
+
+    from crl_jax.config import load, to_dict
+
+    cli.main(["config", "show", "actor.lr=2e-3"])
+    out = capsys.readouterr().out
+    assert yaml.safe_load(out) == to_dict(load(None, ["actor.lr=2e-3"]))
+    lines = out.splitlines()
+    i = lines.index("  lr: 0.002")  # the actor's (the first `lr`), its config.py comment right above it
+    assert lines[i - 3].startswith("  # AdamW learning rate (constant)") and lines[i - 1].startswith("  # per update")
+    assert "# envs.make kwargs" in out
+    cli.main(["config", "show", "--no-comments"])
+    assert "#" not in capsys.readouterr().out
+
+
+def test_a_second_sweep_into_one_folder_is_refused(capsys, tmp_path, sweep_main):
+    from crl_jax.infra.run_folder import RunLock
+
+    f = tmp_path / "sweep.yaml"
+    f.write_text("seeds: 1\noverrides: {steps: 1}\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    with RunLock(str(out)):  # as a running sweep holds it
+        one_error(capsys, ["--config", str(f), "--out", str(out)], "in use by another process", main=sweep_main,
+                  prog="sweep")
+
+
+def test_each_warning_is_shown_once():
+    import warnings
+
+    shown = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *a, **k: shown.append(warnings.formatwarning(message, *a[:3]))
+        cli._one_line_warnings()
+        for _ in range(2):
+            warnings.warn("offline bank file b.jsonl: 2 of 3 entries cut")
+        warnings.warn("another")
+    assert shown == ["crl-jax: warning: offline bank file b.jsonl: 2 of 3 entries cut\n", "crl-jax: warning: another\n"]
+
+
+def test_plot_warns_of_duplicated_steps_and_empty_files_and_refuses_a_cut_file(capsys, tmp_path):
+    import json
+
+    dup = _run_folder(tmp_path / "dup", rows=("1,0.5,0.25", "2,0.5,0.5", "1,0.5,0.25", "2,0.5,0.5"))
+    empty = _run_folder(tmp_path / "empty", rows=())
+    with pytest.warns(UserWarning) as w:
+        cli.main(["plot", dup, empty, "--out", str(tmp_path / "c.png")])
+    msgs = " | ".join(str(x.message) for x in w)
+    assert "2 duplicated step(s)" in msgs and "holds no rows" in msgs, msgs
+    one_error(capsys, ["plot", empty], "nothing to plot")
+    cut = _run_folder(tmp_path / "cut", rows=("1,0.5,0.25",))
+    with open(os.path.join(cut, "summary.json"), "w") as fh:
+        json.dump({"steps": 2, "rows": 2}, fh)
+    one_error(capsys, ["plot", cut], "holds 1 rows up to step 2", "counts 2", "cut short")

@@ -152,6 +152,13 @@ def _damage(step_dir, how):
             if f.endswith(("manifest.ocdbt", "_METADATA")):
                 with open(f, "r+b") as fh:
                     fh.write(os.urandom(max(16, os.path.getsize(f) // 2)))
+    elif how == "flip":  # 64 bytes of the largest array file flipped: Orbax alone restores it without a word
+        f = max((f for f in files if "ocdbt.process_0" in f), key=os.path.getsize)
+        with open(f, "r+b") as fh:
+            fh.seek(os.path.getsize(f) // 2)
+            data = fh.read(64)
+            fh.seek(os.path.getsize(f) // 2)
+            fh.write(bytes(b ^ 0xFF for b in data))
     elif how == "truncate":
         for f in files:
             if "ocdbt.process_0" in f:
@@ -162,13 +169,14 @@ def _damage(step_dir, how):
                 os.remove(f)
 
 
-@pytest.mark.parametrize("how", ["corrupt", "truncate", "delete"])
+@pytest.mark.parametrize("how", ["corrupt", "flip", "truncate", "delete"])
 def test_latest_valid_moves_a_damaged_newest_checkpoint_aside(tmp_path, capsys, how):
     d = tmp_path / "run"
     train(d, 3)
     _damage(d / "checkpoints" / "3", how)
     code, err = crl_main(capsys, "train", "--quiet", "--steps", "4", "--out", str(d), *TINY)
     assert code == 2 and len(err) == 1 and "checkpoints/3" in err[0] and "--resume latest_valid" in err[0], err
+    assert how != "flip" or "does not match its sha256 checksum" in err[0], err  # what Orbax alone restores
     train(d, 4, resume="latest_valid")
     assert sorted(os.listdir(d / "checkpoints")) == ["2", "3", "4"]  # 3 retrained and written again
     assert os.listdir(d / "corrupt_checkpoints") == ["3"]
@@ -345,6 +353,9 @@ KEY = "[" + ",".join(["0.1"] * 64) + "]"
     (b'{"text": "a", "key": ' + KEY.encode() + b'}\n{"text": "\xff\xfe"}\n', r"bank.jsonl:2: not UTF-8"),
     (b'{"text": "a", "key": [NaN' + b", 0.1" * 63 + b"]}\n", r"bank.jsonl:1: key holds NaN"),
     (b'{"text": "no key here"}\n', r"bank.jsonl:1: no `key`"),
+    (b'{"text": "a", "task": 4, "key": ' + KEY.encode() + b'}\n', r"bank.jsonl:1: `task` 4 is not a task of this run"),
+    (b'{"crl_jax_bank_export": 1, "entries": 2}\n{"text": "a", "key": ' + KEY.encode() + b'}\n',
+     r"bank.jsonl: holds 1 entries, its header announces 2"),
 ])
 def test_bad_bank_files_exit_2_with_one_line(tmp_path, capsys, content, needle):
     f = tmp_path / "bank.jsonl"
@@ -448,6 +459,95 @@ def test_ctrl_c_says_where_and_exits_130(tmp_path, capsys, monkeypatch):
     code, err = crl_main(capsys, "train", "--quiet", "--steps", "4", "--out", str(d), *TINY)
     assert code == 130
     assert err == ["crl-jax: interrupted at step 2, checkpoint at step 1; rerun the same command to resume"]
+
+
+def _signal_at(monkeypatch, step, signum):
+    """Send `signum` to this process once the rows of `step` are written (mid-run, as a scheduler would)."""
+    from crl_jax.infra import metrics
+
+    real = metrics.MetricsWriter.write
+
+    def write(self, rows):
+        real(self, rows)
+        if rows[-1]["step"] == step:
+            os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(metrics.MetricsWriter, "write", write)
+
+
+def test_sigterm_and_sigint_stop_with_a_checkpoint_and_the_rerun_is_byte_identical(straight, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """SIGTERM at a seeded step of the 8-step run (a checkpoint every step), and SIGINT at the end of the first
+    chunk of a 12-step run with no checkpoint before its end (so the stop saves step 10 itself): each exits 128 +
+    the signal number with one line, and the rerun of the same command equals an uninterrupted run byte for
+    byte (metrics.csv and every array of the final state)."""
+    k = random.Random(7).randint(1, 7)
+    d = tmp_path / "term"
+    args = ["train", "--quiet", "--steps", "8", "--out", str(d), *TINY]
+    _signal_at(monkeypatch, k, signal.SIGTERM)
+    code, err = crl_main(capsys, *args)
+    assert code == 143 and err[-1] == (f"crl-jax: stopped at step {k} (SIGTERM), checkpoint saved; rerun the same "
+                                       "command to resume"), err
+    assert not (d / "summary.json").exists() and max(int(n) for n in os.listdir(d / "checkpoints")) == k
+    monkeypatch.undo()
+    assert crl_main(capsys, *args)[0] == 0
+    assert (d / "metrics.csv").read_bytes() == (straight / "metrics.csv").read_bytes()
+    assert_same_state(d, straight)
+    ref, d = tmp_path / "ref12", tmp_path / "int12"
+    train(ref, 12, "checkpoint_every=20")
+    args = ["train", "--quiet", "--steps", "12", "--out", str(d), *TINY, "checkpoint_every=20"]
+    _signal_at(monkeypatch, 10, signal.SIGINT)
+    code, err = crl_main(capsys, *args)
+    assert code == 130 and err[-1].startswith("crl-jax: stopped at step 10 (SIGINT), checkpoint saved"), err
+    assert os.listdir(d / "checkpoints") == ["10"]  # off the checkpoint cadence: saved by the stop
+    monkeypatch.undo()
+    assert crl_main(capsys, *args)[0] == 0
+    assert (d / "metrics.csv").read_bytes() == (ref / "metrics.csv").read_bytes()
+    assert_same_state(d, ref)
+
+
+def test_a_full_disk_is_one_line_and_the_librarys_error_logs_are_dropped(tmp_path, capsys, monkeypatch, caplog):
+    import logging
+
+    import orbax.checkpoint as ocp
+
+    def save(self, *a, **k):
+        logging.getLogger("absl").error("orbax: async save failed, traceback follows")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+    code, err = crl_main(capsys, "train", "--quiet", "--steps", "1", "--out", str(tmp_path / "r"), *TINY)
+    assert code == 2 and len(err) == 1 and "No space left on device" in err[0], err
+    assert "traceback follows" not in caplog.text
+
+
+def test_cut_summary_and_killed_export_are_detected(straight, tmp_path, capsys, monkeypatch):
+    """A member summary.json cut mid-write counts as unfinished (a sweep computes it again); a bank export killed
+    mid-write leaves no file, and a copy cut between complete lines is refused naming the counts."""
+    from crl_jax.infra import atomic
+    from crl_jax.infra.sweep import is_complete
+
+    d = _copy_of(straight, tmp_path)
+    assert is_complete(str(d), 8)
+    (d / "summary.json").write_text((d / "summary.json").read_text()[:40])
+    assert not is_complete(str(d), 8)
+    out = tmp_path / "bank.jsonl"
+    real = os.fsync
+
+    def killed(fd):
+        raise KeyboardInterrupt  # (the kill lands after the lines are written, before the rename)
+
+    monkeypatch.setattr(atomic.os, "fsync", killed)
+    code, _ = crl_main(capsys, "bank", "export", str(straight), "--out", str(out))
+    assert code == 130 and not out.exists() and not (tmp_path / "bank.jsonl.tmp").exists()
+    monkeypatch.setattr(atomic.os, "fsync", real)
+    assert crl_main(capsys, "bank", "export", str(straight), "--out", str(out))[0] == 0
+    lines = out.read_text().splitlines()
+    assert json.loads(lines[0]) == {"crl_jax_bank_export": 1, "entries": len(lines) - 1} and len(lines) > 3
+    out.write_text("\n".join(lines[: len(lines) // 2]) + "\n")
+    code, err = crl_main(capsys, "train", "--quiet", "--steps", "1", "--out", str(tmp_path / "off"), "--method",
+                         "offline", f"bank.offline_path={out}", *TINY)
+    assert code == 2 and len(err) == 1 and f"holds {len(lines) // 2 - 1} entries, its header announces" in err[0], err
 
 
 def test_train_help_and_config_show(capsys):

@@ -236,3 +236,45 @@ def test_a_member_folder_saved_with_removed_keys_is_still_the_same_run(tmp_path)
         sweep._write_config(m)
     with pytest.raises(ConfigError, match="different config"):
         sweep._write_config(sweep.Member("p", 0, micro("steps=2", "actor.lr=2e-3"), m.run_dir))
+
+
+def test_sigterm_stops_a_sweep_after_its_chunk_and_a_cut_member_summary_is_computed_again(swept, tmp_path,
+                                                                                          monkeypatch):
+    """SIGTERM while a sweep (resumed from step 2 to 6, chunks of 2) writes step 4: it stops once every member
+    has saved step 4 (`preempt.Stopped`); the rerun finishes from there (that a resumed sweep equals an
+    uninterrupted one: `test_resume`). A member summary.json cut mid-write is computed again on the next rerun
+    instead of failing. Same program: no new compile."""
+    import signal
+
+    from crl_jax.infra import metrics, preempt
+
+    out, _, _ = swept
+    longer = SweepSpec(overrides={**BASE, "steps": 6}, grid=SPEC.grid, seeds=SPEC.seeds, vmap_seeds=True)
+    cont = str(tmp_path / "cont")
+    shutil.copytree(out, cont)
+    quiet = dict(chunk=2, progress=False, plot=False, log=lambda *_: None)
+    real, sent = metrics.MetricsWriter.write, []
+
+    def write(self, rows):
+        real(self, rows)
+        if rows[-1]["step"] == 4 and not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGTERM))
+
+    monkeypatch.setattr(metrics.MetricsWriter, "write", write)
+    with pytest.raises(preempt.Stopped, match=r"stopped at step 4 \(SIGTERM\), checkpoint saved") as e:
+        run_sweep(longer, cont, **quiet)
+    assert e.value.exit_code == 143
+    monkeypatch.undo()
+    members = [(m, f"seed{s}") for m in ("crl", "grpo") for s in (0, 1)]
+    assert all(max(map(int, os.listdir(os.path.join(cont, m, s, "checkpoints")))) == 4 for m, s in members)
+    run_sweep(longer, cont, **quiet)
+    for m, s in members:
+        assert [r["step"] for r in read_csv(os.path.join(cont, m, s, "metrics.csv"))] == list("123456")
+    p = os.path.join(cont, "crl", "seed0", "summary.json")
+    whole = json.loads(_read(p))
+    with open(p, "w") as f:
+        f.write(_read(p)[:50])
+    run_sweep(longer, cont, **quiet)
+    again = json.loads(_read(p))
+    assert {k: v for k, v in again.items() if k != "wall_seconds"} == {
+        k: v for k, v in whole.items() if k != "wall_seconds"}

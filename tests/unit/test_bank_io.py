@@ -42,7 +42,8 @@ def test_export_jsonl(tmp_path):
     tok = ByteTokenizer()
     path = tmp_path / "bank.jsonl"
     assert export_jsonl(_bank(tok), tok, path) == 3
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    head, *rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert head == {"crl_jax_bank_export": 1, "entries": 3}  # a copy cut between lines is refused on load
     assert [r["slot"] for r in rows] == [0, 1, 2] and rows[2]["text"] == "unicode ok: é→"
     assert rows[1]["task"] == 1 and rows[1]["times_retrieved"] == 4
 
@@ -62,7 +63,7 @@ def test_load_jsonl_roundtrip_and_keyless_entries_are_rejected(tmp_path):
     back = load_jsonl(B.init(4, L, 2), tok, str(path))
     assert [r["text"] for r in entry_records(back, tok)] == ["go north", "avoid the trap", "unicode ok: é→"]
     assert [r["task"] for r in entry_records(back, tok)] == [0, 1, 0]
-    path.write_text(path.read_text(encoding="utf-8") + json.dumps({"text": "keyless", "task": 0}) + "\n",
-                    encoding="utf-8")
+    lines = path.read_text(encoding="utf-8").splitlines()[1:]  # a hand-written file: no header line
+    path.write_text("\n".join(lines + [json.dumps({"text": "keyless", "task": 0})]) + "\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"bank\.jsonl:4: no `key`"):
         load_jsonl(B.init(4, L, 2), tok, str(path), HashedNgramEmbedder(dim=2))  # even with an embedder

@@ -81,7 +81,7 @@ def test_method_switches():
 
 def test_dotted_env_params_override_merges_into_default_params():
     assert load(None, ["env.params.crop=1"]).env.params == {"dark": True, "crop": 1, "legend": False}
-    assert load(None, ["env.name=maze", "env.params.size=7"]).env.params == {"size": 7}  # another env: its own
+    assert load(None, ["env.name=maze", "env.params.dark=true"]).env.params == {"dark": True}  # another env: its own
 
 
 @pytest.mark.parametrize("key", sorted(REMOVED_KEYS))
