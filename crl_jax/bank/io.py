@@ -70,7 +70,7 @@ def export_jsonl(bank: ExperienceBank, tokenizer, path) -> int:
     `entry_records` plus its retrieval `key`) to `path`, through a temporary file (a killed export leaves no
     file); returns N. `load_jsonl` reads it back (method=offline) and refuses a file holding fewer or more
     entries than its header announces (cut short, or edited)."""
-    from crl_jax.infra.atomic import write_text_atomic
+    from crl_jax.atomic import write_text_atomic
 
     recs = entry_records(bank, tokenizer)
     keys = np.asarray(bank.keys)

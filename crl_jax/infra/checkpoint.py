@@ -31,7 +31,7 @@ import sys
 import jax
 import orbax.checkpoint as ocp
 
-from crl_jax.infra.atomic import write_json_atomic
+from crl_jax.atomic import write_json_atomic
 from crl_jax.infra.errors import CheckpointError  # noqa: F401  (re-exported: the class the CLI catches)
 
 

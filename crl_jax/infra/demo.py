@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from crl_jax.config import ConfigError
-from crl_jax.infra.atomic import write_text_atomic
+from crl_jax.atomic import write_text_atomic
 from crl_jax.infra.errors import read_json
 from crl_jax.infra.plot import plot_runs, t_interval
 from crl_jax.infra.sweep import run_sweep

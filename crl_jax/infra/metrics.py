@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from crl_jax.infra.atomic import write_json_atomic
+from crl_jax.atomic import write_json_atomic
 
 try:  # a core dependency; a run without it writes no event files
     from tensorboardX import SummaryWriter

@@ -11,7 +11,7 @@ import os
 import shutil
 
 from crl_jax.config import Config, ConfigError, drop_removed_keys, to_dict
-from crl_jax.infra.atomic import write_json_atomic  # noqa: F401  (re-exported)
+from crl_jax.atomic import write_json_atomic  # noqa: F401  (re-exported)
 from crl_jax.infra.checkpoint import step_dirs
 from crl_jax.infra.metrics import read_csv
 

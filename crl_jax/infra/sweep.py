@@ -60,7 +60,7 @@ from crl_jax.infra.checkpoint import Checkpointer, step_dirs
 from crl_jax.infra.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
 from crl_jax.infra.plot import plot_runs, t_interval
 from crl_jax.infra.run import _prior_id
-from crl_jax.infra.atomic import write_text_atomic
+from crl_jax.atomic import write_text_atomic
 from crl_jax.infra.errors import CheckpointError, read_json
 from crl_jax.infra.run_folder import (
     RunLock, longer_run_error, missing_rows_warning, newest_checkpoint, write_json_atomic,

@@ -32,14 +32,16 @@ ALLOWED_CYCLES: list[set[str]] = []
 # before it. Imports inside functions and under TYPE_CHECKING count too.
 LAYERS = (
     "errors",         # error classes and the damaged-JSON reader
+    "atomic",         # files written whole (temporary name, fsync, rename)
     "text",           # tokenizers, packing, prompts
     "models",         # transformer, loaders, embedders, LoRA
     "token_draw",     # the sampler's token draw
     "sampling",       # prefill + decode
+    "envs",           # built-in environments and adapters
     "config_checks",  # config validation (reads model presets)
     "config",         # the config dataclasses and loader
+    "config_doc",     # the config's field comments as commented YAML (`config show`)
     "bank",           # the experience bank
-    "envs",           # built-in environments and adapters
     "losses",         # advantages, policy losses, credit
     "actor",          # rollouts, experience retrieval, evaluation
     "extractor",      # operations, distillation, merge, sample buffer
@@ -254,6 +256,8 @@ def upward_imports(graph, layers=LAYERS) -> list[str]:
         la = _layer(a)
         for b in sorted(targets):
             lb = _layer(b)
+            if b == "crl_jax":  # the root package: its __init__ holds only __version__ and imports nothing
+                continue
             if la != lb and rank[lb] > rank[la] and (a, lb) not in ALLOWED_UP:
                 out.append(f"{a} -> {b} (line {targets[b]})")
     return out
