@@ -4,6 +4,7 @@
                   [--out DIR] [--resume latest|latest_valid|never] [--overwrite] [--label L]
                   [--max-nonfinite N] [key=value ...]
     crl-jax config show [--config F] [key=value ...]   # the resolved config, every key
+    crl-jax dry-run --config F [key=value ...]         # shapes, dtypes, memory per device (no weights loaded)
     crl-jax eval DIR                      # evaluate the latest checkpoint of a run folder
     crl-jax demo [--seeds 5] [--methods crl,grpo] [--out runs/demo]   # the README's main job: table + plot
     crl-jax plot DIR [DIR ...] [--out FILE]
@@ -47,6 +48,12 @@ def cmd_train(args):
     summary = run(cfg, out, resume=args.resume, progress=not args.quiet, label=args.label,
                   overwrite=args.overwrite, max_nonfinite=args.max_nonfinite)
     print(json.dumps(summary, indent=2, sort_keys=True))
+
+
+def cmd_dry_run(args):
+    from crl_jax.infra.dry_run_report import report
+
+    print(report(_load_cfg(args)))
 
 
 def cmd_config(args):
@@ -216,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
     c.add_argument("overrides", nargs="*", metavar="key=value")
     c.set_defaults(fn=cmd_config)
+
+    dr = sub.add_parser("dry-run", help="an LLM config's shapes, dtypes, memory per device, devices and tokenizers "
+                        "in seconds, without loading weights")
+    dr.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
+    dr.add_argument("overrides", nargs="*", metavar="key=value")
+    dr.set_defaults(fn=cmd_dry_run)
 
     pt = sub.add_parser("pretrain", help="train (or load from the cache) the prior of a config (METHOD.md §6): "
                         "the tiny models' prior, or an LLM config's format prior")

@@ -91,3 +91,27 @@ def test_master_rule_and_config_checks():
         validate(Config(actor=ModelConfig(param_dtype="bfloat16")))
     with pytest.raises(ConfigError, match="extractor.param_dtype"):
         validate(Config(extractor=ModelConfig(param_dtype="float16")))
+
+
+def test_dry_run_tokenizer_lines(tmp_path):
+    """The dry run's tokenizer report: files present, vocabulary sizes, one shared tokenizer or not."""
+    import dataclasses
+
+    from tokenizers import Tokenizer, models
+
+    from crl_jax.infra.dry_run_report import tokenizer_lines
+
+    def folder(name, vocab):
+        d = tmp_path / name
+        d.mkdir()
+        Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token=vocab[0])).save(str(d / "tokenizer.json"))
+        return str(d)
+
+    a, b, c = folder("a", ["<unk>", "x", "y"]), folder("b", ["<unk>", "x", "y"]), folder("c", ["<unk>", "x"])
+    cfg = lambda wa, we: Config(actor=ModelConfig(preset="qwen2.5-0.5b", weights=wa),  # noqa: E731
+                                extractor=ModelConfig(preset="qwen2.5-0.5b", weights=we))
+    lines = tokenizer_lines(cfg(a, b))
+    assert "present, vocab 3" in lines[0] and lines[-1] == "  shared: one tokenizer (identical files)"
+    assert "vocab 3 vs 2" in tokenizer_lines(cfg(a, c))[-1]
+    assert tokenizer_lines(cfg(a, str(tmp_path / "none")))[1].endswith("tokenizer.json: missing")
+    assert "no weights named" in tokenizer_lines(dataclasses.replace(cfg(a, b), actor=ModelConfig(preset="qwen2.5-0.5b")))[0]
