@@ -271,7 +271,8 @@ class MeshConfig:
 
 @dataclass(frozen=True)
 class DistributedConfig:
-    coordinator: str = ""  # "host:port" of process 0; "" = single process (or JAX_COORDINATOR_ADDRESS env)
+    coordinator: str = ""  # "host:port" of process 0; "" = single process (or JAX_COORDINATOR_ADDRESS env);
+    #                        "auto" = jax.distributed.initialize() finds the job (TPU pods, SLURM): one process per host
     num_processes: int = 1  # processes in the job
     process_id: int = -1  # this process (-1: from the environment, e.g. JAX_PROCESS_ID)
 

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from crl_jax.config import ConfigError
-from crl_jax.infra import sweep
+from crl_jax.infra import distributed, sweep
 from crl_jax.infra.sweep_cmd import plan_lines
 from crl_jax.infra.sweep_spec import SweepSpec, expand
 
@@ -39,6 +39,8 @@ def test_mesh_and_distributed_settings_pick_train_engine_or_are_refused(tmp_path
     assert sweep.sequential(load(None, ["mesh.data=2", "mesh.fsdp=4"]))  # 8 simulated devices (tests/conftest.py)
     assert sweep.sequential(load(None, ["distributed.num_processes=2", "distributed.coordinator=h:1",
                                         "distributed.process_id=0"]))
+    auto = load(None, ["distributed.coordinator=auto"])  # a TPU pod: jax.distributed.initialize() finds the job
+    assert distributed.settings(auto.distributed) == {} and sweep.sequential(auto)
     spec = SweepSpec(overrides={"steps": 1}, grid={"distributed.num_processes": [1, 2]})
     with pytest.raises(ConfigError, match="distributed"):
         sweep.run_sweep(spec, str(tmp_path), progress=False, plot=False)
