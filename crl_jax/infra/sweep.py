@@ -25,7 +25,7 @@ name as label, metrics.csv, summary.json, Orbax checkpoints) in the format of `c
 `crl-jax plot` and `crl-jax eval` read it; the sweep folder gets `summary.md`, `summary.csv` (one row
 per point: mean ± 95% t-interval over seeds) and `curves.png`.
 
-Which engine runs a member (`sequential`): a config of the LLM path, a host-side environment, a mesh that shards
+Which engine runs a member (`sequential`): a config of the LLM path, a host-side environment, any mesh setting
 (`mesh.*`) or a multi-process job (`distributed.*`, or the JAX_* environment) runs through `crl_jax.infra.run.run`,
 the engine of `crl-jax train`, member after member: each with its own mesh, its checkpoints and resume, exactly
 as `crl-jax train --config ... --out OUT/<point>/seed<s>` would. Only tiny configs on one device form the vmapped
@@ -58,8 +58,8 @@ import numpy as np
 
 from crl_jax import loop
 from crl_jax.backends.llm.runtime import is_llm_config
-from crl_jax.config import ConfigError, drop_removed_keys, to_dict
-from crl_jax.infra import distributed, sharding
+from crl_jax.config import ConfigError, MeshConfig, drop_removed_keys, to_dict
+from crl_jax.infra import distributed
 from crl_jax.infra.checkpoint import Checkpointer, step_dirs
 from crl_jax.infra.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
 from crl_jax.infra.plot import plot_runs, t_interval
@@ -80,9 +80,9 @@ class Program:
 
 
 def sequential(cfg) -> bool:
-    """Does this config run through train's engine (`run.run`), not a vmapped program: the LLM path, a sharding mesh,
-    a multi-process job? (A host-side environment, known once its Runtime is built, does too: `plan`.)"""
-    return (is_llm_config(cfg) or not sharding.is_trivial(cfg.mesh)
+    """Does this config run through train's engine (`run.run`), not a vmapped program: the LLM path, any `mesh.*`
+    setting, a multi-process job? (A host-side environment, known once its Runtime is built, does too: `plan`.)"""
+    return (is_llm_config(cfg) or cfg.mesh != MeshConfig()  # any mesh setting: placed as `crl-jax train` places it
             or distributed.settings(cfg.distributed) is not None)
 
 
@@ -215,7 +215,7 @@ def run_program(prog: Program, *, chunk: int, bar=None, log=print) -> None:
         return
     if prog.sequential:  # train's engine: its mesh, checkpoints (every checkpoint_every), resume and summary
         for m in todo:
-            run(m.cfg, m.run_dir, progress=False, label=m.point, log=log)
+            run(m.cfg, m.run_dir, progress=bar is not None, label=m.point, log=log)
             if bar is not None:
                 bar.update(-(-prog.steps // chunk))
         return
