@@ -15,6 +15,7 @@ import os
 from crl_jax.backends.llm.dry_run import dry_run
 from crl_jax.backends.llm.runtime import is_llm_config, resolve_weights
 from crl_jax.config import Config, ConfigError
+from crl_jax.models import presets
 
 GIB = 2.0 ** 30
 
@@ -26,16 +27,11 @@ def _gib(n: int) -> str:
 def tokenizer_file(m) -> str | None:
     """The tokenizer file a model's checkpoint would load (a folder's tokenizer.json, a .gguf's own), or None when
     the model is a preset without weights."""
-    spec = m.weights or ("" if m.preset in _preset_names() else m.preset)
+    spec = m.weights or ("" if m.preset in presets.PRESETS else m.preset)
     if not spec:
         return None
     path = resolve_weights(spec)
     return path if path.endswith(".gguf") else os.path.join(path, "tokenizer.json")
-
-
-def _preset_names():
-    from crl_jax.models import presets
-    return presets.PRESETS
 
 
 def _vocab(path: str) -> int | None:
@@ -82,7 +78,8 @@ def report(cfg: Config) -> str:
                   f"optimizer state {'/'.join(d['opt_state'])}",
                   f"  total: weights {_gib(m['param_bytes'])}, masters {_gib(m['master_bytes'])}, "
                   f"optimizer state {_gib(m['opt_bytes'])}",
-                  f"  per device: weights {_gib(dev['weights'])}, masters + optimizer state {_gib(dev['optimizer'])}, "
+                  f"  per device: weights {_gib(dev['weights'])}, "
+                  f"{'LoRA adapters' if cfg.lora.train else 'masters'} + optimizer state {_gib(dev['optimizer'])}, "
                   f"activations ~{_gib(dev['activations'])} (estimate: {dev['rows']} row(s) x {dev['length']} tokens "
                   f"per micro-batch, no remat)"]
         if "adapter_params" in m:

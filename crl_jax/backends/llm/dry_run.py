@@ -110,12 +110,16 @@ def mesh_of(cfg: Config) -> AbstractMesh:
 
 
 def _device_memory(cfg: Config, m: dict, mcfg, rows: int, length: int, mesh, trained: bool) -> dict:
-    """Per-device bytes of one model: weights, masters + optimizer state (when trained in full), activations."""
-    state = (m["master"], m["opt_state"]) if trained else ()
+    """Per-device bytes of one model: weights, masters + optimizer state (trained in full; with LoRA the adapters
+    and their optimizer state, replicated), activations."""
+    if trained:
+        trained_bytes = _per_device((m["master"], m["opt_state"]), mesh, mcfg)
+    else:
+        trained_bytes = m.get("adapter_bytes", 0) + m.get("adapter_opt_bytes", 0)
     batch_split = mesh.shape["data"] * mesh.shape["fsdp"]
     rows_dev = max(1, math.ceil(rows / max(1, cfg.loss.microbatches) / batch_split))
     itemsize = np.dtype(jax.tree_util.tree_leaves(m["params"])[0].dtype).itemsize
-    return {"weights": _per_device(m["params"], mesh, mcfg), "optimizer": _per_device(state, mesh, mcfg),
+    return {"weights": _per_device(m["params"], mesh, mcfg), "optimizer": trained_bytes,
             "activations": activation_bytes(mcfg, rows_dev, length, itemsize), "rows": rows_dev, "length": length}
 
 
