@@ -39,7 +39,10 @@ class ModelConfig:
     num_heads: int = 4  # tiny preset only: query heads
     num_kv_heads: int = 2  # tiny preset only: key/value heads
     intermediate_size: int = 128  # tiny preset only: MLP width
-    dtype: str = "float32"  # parameter dtype: float32 | bfloat16
+    dtype: str = "float32"  # dtype of the weights the forward and backward run on: float32 | bfloat16
+    param_dtype: str = "float32"  # dtype of the trained weights' masters and optimizer state (the update's):
+    #                               float32 with dtype bfloat16 = mixed precision (learner/precision.py: a bfloat16
+    #                               update at lr 1e-6 leaves ~98% of the weights unchanged); = dtype: no masters
     scan_unroll: int = -1  # layers per iteration of the training forward's layer scan (TransformerConfig.scan_unroll);
     #                        0 = every layer: straight-line layers, whose saved activations are not copied into
     #                        [L, ...] stacks (a SmolLM2-shape CPU step 0.78x; compiles longer);
@@ -267,7 +270,8 @@ class MeshConfig:
 
 @dataclass(frozen=True)
 class DistributedConfig:
-    coordinator: str = ""  # "host:port" of process 0; "" = single process (or JAX_COORDINATOR_ADDRESS env)
+    coordinator: str = ""  # "host:port" of process 0; "" = single process (or JAX_COORDINATOR_ADDRESS env);
+    #                        "auto" = jax.distributed.initialize() finds the job (TPU pods, SLURM): one process per host
     num_processes: int = 1  # processes in the job
     process_id: int = -1  # this process (-1: from the environment, e.g. JAX_PROCESS_ID)
 

@@ -363,6 +363,9 @@ def validate(cfg) -> None:
         need(m.lr > 0, f"{name}.lr", "must be > 0")
         need(m.temperature >= 0, f"{name}.temperature", "must be >= 0")
         need(m.dtype in ("float32", "bfloat16"), f"{name}.dtype", "must be float32 or bfloat16")
+        need(m.param_dtype in ("float32", "bfloat16"), f"{name}.param_dtype", "must be float32 or bfloat16")
+        need(not (m.param_dtype == "bfloat16" and m.dtype == "float32"), f"{name}.param_dtype",
+             "bfloat16 masters of float32 weights would lose the weights' precision: use float32")
         need(m.truncate_layers >= 0, f"{name}.truncate_layers", "must be >= 0 (0 = every layer)")
         need(m.scan_unroll >= -1, f"{name}.scan_unroll", "must be >= -1 (0 = every layer, -1 = auto)")
         if m.preset == "tiny":  # an LLM preset's shapes come from its folder (checked by the loader)

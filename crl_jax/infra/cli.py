@@ -1,9 +1,11 @@
-"""`crl-jax` command line: train | eval | demo | pretrain | plot | bank | config.
+"""`crl-jax` command line: train | sweep | eval | demo | pretrain | plot | bank | config | dry-run.
 
     crl-jax train --config experiments/configs/default.yaml [--method M] [--seed N] [--steps N]
                   [--out DIR] [--resume latest|latest_valid|never] [--overwrite] [--label L]
                   [--max-nonfinite N] [key=value ...]
     crl-jax config show [--config F] [key=value ...]   # the resolved config, every key
+    crl-jax dry-run --config F [key=value ...]         # shapes, dtypes, memory per device (no weights loaded)
+    crl-jax sweep --config SWEEP.yaml --out DIR [--seeds N] [--steps N] [--dry-run]   # seeds x grid, any path
     crl-jax eval DIR                      # evaluate the latest checkpoint of a run folder
     crl-jax demo [--seeds 5] [--methods crl,grpo] [--out runs/demo]   # the README's main job: table + plot
     crl-jax plot DIR [DIR ...] [--out FILE]
@@ -49,6 +51,18 @@ def cmd_train(args):
     summary = run(cfg, out, resume=args.resume, progress=not args.quiet, label=args.label,
                   overwrite=args.overwrite, max_nonfinite=args.max_nonfinite)
     print(json.dumps(summary, indent=2, sort_keys=True))
+
+
+def cmd_sweep(args):
+    from crl_jax.infra.sweep_cmd import main
+
+    main(args)
+
+
+def cmd_dry_run(args):
+    from crl_jax.infra.dry_run_report import report
+
+    print(report(_load_cfg(args)))
 
 
 def cmd_config(args):
@@ -234,6 +248,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out each key's comment (from crl_jax/config.py), printed above it by default")
     c.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. actor.lr=1e-3")
     c.set_defaults(fn=cmd_config)
+
+    from crl_jax.infra import sweep_cmd
+
+    sw = sub.add_parser("sweep", help="seeds x hyperparameters of any config from a sweep file (tiny: vmapped "
+                        "programs; LLM / host / mesh: train's engine, member after member)",
+                        description=sweep_cmd.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sweep_cmd.add_arguments(sw)
+    sw.set_defaults(fn=cmd_sweep)
+
+    dr = sub.add_parser("dry-run", help="an LLM config's shapes, dtypes, memory per device, devices and tokenizers "
+                        "in seconds, without loading weights")
+    dr.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
+    dr.add_argument("overrides", nargs="*", metavar="key=value")
+    dr.set_defaults(fn=cmd_dry_run)
 
     pt = sub.add_parser("pretrain", help="train (or load from the cache) the prior of a config (METHOD.md §6): "
                         "the tiny models' prior, or an LLM config's format prior")

@@ -3,6 +3,8 @@
 `initialize(dist_cfg)` wraps `jax.distributed.initialize` and must run before anything touches a device.
 Sources, in order: the config (`coordinator`, `num_processes`, `process_id`), then the environment
 (`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`). One process and no coordinator: no-op.
+`coordinator: auto`: `jax.distributed.initialize()` with no arguments, which finds the job itself on a Cloud TPU
+pod (and under SLURM / Open MPI / Kubernetes, which JAX detects): one process per host, the same command on each.
 On CPU the cross-process collectives use gloo (`jax_cpu_collectives_implementation`; without it a
 multi-process CPU program has no collectives).
 
@@ -34,9 +36,12 @@ def _env_int(name: str, default: int) -> int:
 
 
 def settings(dist_cfg) -> dict | None:
-    """(coordinator_address, num_processes, process_id) from the config, else the environment; None when
-    the job is a single process; incomplete or inconsistent settings are a ConfigError naming the keys."""
+    """(coordinator_address, num_processes, process_id) from the config, else the environment; {} for
+    `coordinator: auto` (JAX detects them); None when the job is a single process; incomplete or inconsistent
+    settings are a ConfigError naming the keys."""
     coord = dist_cfg.coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS", "")
+    if coord == "auto":  # the cluster tells JAX the rest (TPU pod metadata, SLURM, ...)
+        return {}
     n = dist_cfg.num_processes if dist_cfg.num_processes > 1 else _env_int("JAX_NUM_PROCESSES", 1)
     pid = dist_cfg.process_id if dist_cfg.process_id >= 0 else _env_int("JAX_PROCESS_ID", -1)
     if n <= 1 and not coord:

@@ -1,4 +1,5 @@
-"""Sweeps: a grid of seeds x hyperparameters (x methods) of the tiny loop as a few vmapped programs.
+"""Sweeps: a grid of seeds x hyperparameters (x methods), the tiny loop's as a few vmapped programs, every other
+path's members through `crl-jax train`'s engine one after another.
 
 A sweep file (YAML) names a base config, common overrides, a grid and seeds::
 
@@ -23,6 +24,13 @@ another. Each member writes an ordinary run folder `OUT/<point>/seed<s>/` (confi
 name as label, metrics.csv, summary.json, Orbax checkpoints) in the format of `crl_jax.infra.run.run`, so
 `crl-jax plot` and `crl-jax eval` read it; the sweep folder gets `summary.md`, `summary.csv` (one row
 per point: mean ± 95% t-interval over seeds) and `curves.png`.
+
+Which engine runs a member (`sequential`): a config of the LLM path, a host-side environment, any mesh setting
+(`mesh.*`) or a multi-process job (`distributed.*`, or the JAX_* environment) runs through `crl_jax.infra.run.run`,
+the engine of `crl-jax train`, member after member: each with its own mesh, its checkpoints and resume, exactly
+as `crl-jax train --config ... --out OUT/<point>/seed<s>` would. Only tiny configs on one device form the vmapped
+(or, on CPUs, single-run) programs below. The members of one sweep must share their `distributed.*` settings (the
+process joins one job); the sweep folder is locked for the sweep's life (`RunLock`, on process 0).
 
 The spec and its expansion into members: `crl_jax.infra.sweep_spec`.
 
@@ -54,27 +62,35 @@ import jax.numpy as jnp
 import numpy as np
 
 from crl_jax import loop
-from crl_jax.config import ConfigError, drop_removed_keys, to_dict
-from crl_jax.infra import preempt
+from crl_jax.atomic import write_text_atomic
+from crl_jax.backends.llm.runtime import is_llm_config
+from crl_jax.config import ConfigError, MeshConfig, drop_removed_keys, to_dict
+from crl_jax.infra import distributed, preempt
 from crl_jax.infra.checkpoint import Checkpointer, step_dirs
+from crl_jax.infra.errors import CheckpointError, read_json
 from crl_jax.infra.metrics import MetricsWriter, read_csv, rows_from_chunk, summary_from_rows, write_summary
 from crl_jax.infra.plot import plot_runs, t_interval
-from crl_jax.infra.run import _prior_id
-from crl_jax.atomic import write_text_atomic
-from crl_jax.infra.errors import CheckpointError, read_json
-from crl_jax.infra.run_folder import (
-    RunLock, longer_run_error, missing_rows_warning, newest_checkpoint, write_json_atomic,
-)
+from crl_jax.infra.run import _NoLock, _prior_id, run
+from crl_jax.infra.run_folder import (RunLock, longer_run_error, missing_rows_warning, newest_checkpoint,
+                                      write_json_atomic)
 from crl_jax.infra.sweep_spec import Member, SweepSpec, expand
-from crl_jax.loop.runtime import Runtime, build
+from crl_jax.loop.runtime import Runtime, build, is_host
 
 
 @dataclass
 class Program:
-    rt: Runtime
+    rt: Runtime | None  # None for a sequential member (its run builds what it needs)
     steps: int
     members: list = field(default_factory=list)
     vmapped: bool = True  # False: a single member run with the single-run program
+    sequential: bool = False  # True: one member run by `crl_jax.infra.run.run` (train's engine)
+
+
+def sequential(cfg) -> bool:
+    """Does this config run through train's engine (`run.run`), not a vmapped program: the LLM path, any `mesh.*`
+    setting, a multi-process job? (A host-side environment, known once its Runtime is built, does too: `plan`.)"""
+    return (is_llm_config(cfg) or cfg.mesh != MeshConfig()  # any mesh setting: placed as `crl-jax train` places it
+            or distributed.settings(cfg.distributed) is not None)
 
 
 def vmap_by_backend(backend: str | None = None) -> bool:
@@ -95,7 +111,13 @@ def plan(members: list[Member], per_point: bool = False, vmap_seeds: bool | None
         vmap_seeds = vmap_by_backend()
     programs: dict = {}
     for i, m in enumerate(members):
+        if sequential(m.cfg):  # built by its run, not here (an LLM's weights are read once, by the run)
+            programs[("run", i)] = Program(None, m.cfg.steps, [m], vmapped=False, sequential=True)
+            continue
         rt = build(m.cfg)
+        if is_host(rt):
+            programs[("run", i)] = Program(rt, m.cfg.steps, [m], vmapped=False, sequential=True)
+            continue
         k = (id(rt), m.cfg.steps, m.point if per_point else None, None if vmap_seeds else i)
         programs.setdefault(k, Program(rt, m.cfg.steps, vmapped=vmap_seeds)).members.append(m)
     return list(programs.values())
@@ -201,6 +223,12 @@ def run_program(prog: Program, *, chunk: int, bar=None, log=print) -> None:
     refuse_shortening(prog.members)
     todo = [m for m in prog.members if not is_complete(m.run_dir, prog.steps)]
     if not todo:
+        return
+    if prog.sequential:  # train's engine: its mesh, checkpoints (every checkpoint_every), resume and summary
+        for m in todo:
+            run(m.cfg, m.run_dir, progress=bar is not None, label=m.point, log=log)
+            if bar is not None:
+                bar.update(-(-prog.steps // chunk))
         return
     for m in todo:
         _write_config(m)
@@ -312,20 +340,28 @@ def run_sweep(spec: SweepSpec, out: str, *, chunk: int | None = None, progress: 
     """Run (or resume) a sweep into `out`; returns the per-point summary rows (also written to
     `out/summary.md` and `out/summary.csv`)."""
     members = expand(spec, out)
+    if len({m.cfg.distributed for m in members}) > 1:
+        raise ConfigError("distributed.*: every member of a sweep must have the same settings (one job)")
+    if members:
+        distributed.initialize(members[0].cfg.distributed)  # no-op for one process
     os.makedirs(out, exist_ok=True)
-    with RunLock(out), preempt.stop_requests():  # one sweep per folder; SIGTERM / SIGINT stop at a chunk end
+    # one sweep per folder (the lock on process 0); SIGTERM / SIGINT stop at a chunk end
+    with RunLock(out) if distributed.is_main() else _NoLock(), preempt.stop_requests():
         return _sweep_locked(spec, out, members, chunk=chunk, progress=progress, plot=plot, log=log)
 
 
 def _sweep_locked(spec, out, members, *, chunk, progress, plot, log) -> list[dict]:
     refuse_shortening(members)  # before any program runs (or sweep.json is rewritten)
+    main = distributed.is_main()
     programs = plan(members, spec.per_point, spec.vmap_seeds)
-    write_json_atomic(os.path.join(out, "sweep.json"), {
-        "config": spec.config, "overrides": spec.overrides, "grid": spec.grid, "seeds": list(spec.seeds),
-        "programs": [[f"{m.point}/seed{m.seed}" for m in p.members] for p in programs]})
+    if main:
+        write_json_atomic(os.path.join(out, "sweep.json"), {
+            "config": spec.config, "overrides": spec.overrides, "grid": spec.grid, "seeds": list(spec.seeds),
+            "programs": [[f"{m.point}/seed{m.seed}" for m in p.members] for p in programs if not p.sequential],
+            "sequential": [f"{m.point}/seed{m.seed}" for p in programs if p.sequential for m in p.members]})
     log(f"sweep: {len(members)} runs in {len(programs)} program(s) -> {out}")
     bar = None
-    if progress:
+    if progress and main:
         from tqdm import tqdm
 
         bar = tqdm(total=sum(_chunks(p, chunk or p.steps or 1) for p in programs), desc="sweep", unit="chunk",
@@ -337,6 +373,8 @@ def _sweep_locked(spec, out, members, *, chunk, progress, plot, log) -> list[dic
     if bar is not None:
         bar.close()
     rows = summarize(members)
+    if not main:
+        return rows
     table = write_tables(out, rows)
     log("\n" + table)
     if plot:

@@ -28,6 +28,10 @@ state and the non-finite guard cover the adapters only (`lora.trainable`); the l
 effective tree base + scale * A @ B; the frozen base is carried through unchanged (bit-identical). When the
 actor and the extractor are one checkpoint, one of them holds the base (`params.base`) and the other None:
 `make_co_update` hands the held base to the other (`shared_base`).
+
+Mixed precision (`crl_jax.learner.precision`): with float32 `master` weights beside bfloat16 `params`, the
+forward and backward run on `params`, the optimizer state and the update are the masters' (float32), and
+`params` is the updated masters rounded.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import optax
 from flax import nnx, struct
 
 from crl_jax import losses
+from crl_jax.learner import precision
 from crl_jax.models import lora
 from crl_jax.models.head_loss import fused_token_loss
 from crl_jax.models.logprobs import chunked_logprobs
@@ -57,6 +62,7 @@ class TrainState:
     opt_state: Any = None  # over lora.trainable(params)
     step: jax.Array = None  # int32 scalar: number of applied updates
     nonfinite_count: jax.Array = None  # int32 scalar: updates skipped for a non-finite loss/grad
+    master: Any = None  # float32 master copy of lora.trainable(params) (mixed precision), or None
 
 
 def make_optimizer(lr: float = 1e-6, weight_decay: float = 0.0, grad_clip: float | None = 1.0,
@@ -68,12 +74,15 @@ def make_optimizer(lr: float = 1e-6, weight_decay: float = 0.0, grad_clip: float
     return optax.chain(optax.clip_by_global_norm(grad_clip), adamw)
 
 
-def create_train_state(model, tx: optax.GradientTransformation) -> TrainState:
+def create_train_state(model, tx: optax.GradientTransformation, master_dtype=None) -> TrainState:
     """Split an NNX model (all of its state must be nnx.Param), or take a `(graphdef, params)` pair (params
-    may be a `lora.LoRAParams`), and initialise the optimizer state over the trainable part."""
+    may be a `lora.LoRAParams`), and initialise the optimizer state over the trainable part (over its
+    `master_dtype` masters when the weights are stored in another dtype: `precision.make_master`)."""
     graphdef, params = model if isinstance(model, tuple) else nnx.split(model, nnx.Param)
-    return TrainState(graphdef=graphdef, tx=tx, params=params, opt_state=tx.init(lora.trainable(params)),
-                      step=jnp.zeros((), jnp.int32), nonfinite_count=jnp.zeros((), jnp.int32))
+    master = precision.make_master(lora.trainable(params), master_dtype)
+    return TrainState(graphdef=graphdef, tx=tx, params=params,
+                      opt_state=tx.init(lora.trainable(params) if master is None else master),
+                      step=jnp.zeros((), jnp.int32), nonfinite_count=jnp.zeros((), jnp.int32), master=master)
 
 
 # The loss-callback contract: fn(graphdef, params, batch) -> (num, (den, metrics)), loss = num / den with
@@ -268,7 +277,8 @@ def _select(pred, new: TrainState, old: TrainState) -> TrainState:
     pick = lambda a, b: jax.tree_util.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)  # noqa: E731
     return old.replace(params=lora.with_trainable(old.params, pick(lora.trainable(new.params),
                                                                    lora.trainable(old.params))),
-                       opt_state=pick(new.opt_state, old.opt_state), step=jnp.where(pred, new.step, old.step),
+                       opt_state=pick(new.opt_state, old.opt_state), master=pick(new.master, old.master),
+                       step=jnp.where(pred, new.step, old.step),
                        nonfinite_count=jnp.where(pred, new.nonfinite_count, old.nonfinite_count))
 
 
@@ -280,20 +290,27 @@ def apply_update(state: TrainState, batch, loss_fn: LossFn, microbatches: int = 
     safe_den = jnp.where(has_data, den, 1.0)
     loss = num / safe_den
     trainable = lora.trainable(state.params)
-    grads = jax.tree_util.tree_map(lambda g, p: (g / safe_den).astype(p.dtype), gsum, trainable)
+    # The gradients in the dtype of the weights the optimizer updates: the float32 masters when there are any
+    # (mixed precision), else the weights' own dtype.
+    target = trainable if state.master is None else state.master
+    grads = jax.tree_util.tree_map(lambda g, p: (g / safe_den).astype(p.dtype), gsum, target)
     # One pass over the gradients for both: a NaN or inf anywhere makes the norm non-finite (so does a norm whose
     # square overflows float32, which clipping could not scale either).
     grad_norm = _global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     do = finite & has_data
-    updates, new_opt = state.tx.update(grads, state.opt_state, trainable)
-    new_trainable = optax.apply_updates(trainable, updates)
+    updates, new_opt = state.tx.update(grads, state.opt_state, target)
+    new_target = optax.apply_updates(target, updates)
+    # with masters, the compute weights are the updated masters rounded to their dtype
+    new_trainable = new_target if state.master is None else jax.tree_util.tree_map(
+        lambda m, p: m.astype(p.dtype), new_target, trainable)
 
     def pick(new, old):
         return jax.tree_util.tree_map(lambda a, b: jnp.where(do, a, b), new, old)
 
     new_state = state.replace(
         params=lora.with_trainable(state.params, pick(new_trainable, trainable)),
+        master=None if state.master is None else pick(new_target, state.master),
         opt_state=pick(new_opt, state.opt_state),
         step=state.step + do.astype(jnp.int32),
         nonfinite_count=state.nonfinite_count + (~finite).astype(jnp.int32))

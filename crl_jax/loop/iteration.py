@@ -38,6 +38,7 @@ from crl_jax.actor.rollout import first_observation
 from crl_jax.bank.io import load_jsonl
 from crl_jax.config import ConfigError
 from crl_jax.extractor import buffer as buffer_lib
+from crl_jax.learner import precision
 from crl_jax.learner import train_state as ts
 from crl_jax.loop.runtime import Runtime, build, is_host
 from crl_jax.losses import credit
@@ -90,8 +91,9 @@ def init_state(rt: Runtime, key, cfg=None) -> LoopState:
                           num_tasks=getattr(rt.env, "num_tasks", None))
     state = LoopState(
         flags=MethodFlags.from_config(cfg),
-        actor=ts.create_train_state(actor, rt.actor_tx),  # the Runtime's optimizers: one compiled program
-        extractor=ts.create_train_state(extractor, rt.extractor_tx),
+        # the Runtime's optimizers and precision (rt.cfg's param_dtype): one compiled program
+        actor=ts.create_train_state(actor, rt.actor_tx, precision.master_dtype(rt.cfg.actor)),
+        extractor=ts.create_train_state(extractor, rt.extractor_tx, precision.master_dtype(rt.cfg.extractor)),
         bank=bank,
         buffer=rt.buffer_ops.init(),
         key=k_run, step=jnp.int32(0), env_steps=jnp.int32(0))

@@ -1,4 +1,4 @@
-"""Bad input to `crl-jax` and experiments/sweep.py: one `PROG: error: ...` line naming the key or file, exit 2,
+"""Bad input to `crl-jax` (and `crl-jax sweep` as experiments/sweep.py): one `PROG: error: ...` line naming the key or file, exit 2,
 never a traceback. Every case fails before anything is compiled (config, sweep file, model or run folder
 checks), so the file runs in a few seconds."""
 
@@ -70,6 +70,10 @@ def test_missing_or_folder_sweep_file(capsys, tmp_path, sweep_main):
     one_error(capsys, ["--config", str(tmp_path / "nope.yaml"), "--dry-run"], "nope.yaml", main=sweep_main,
               prog="sweep")
     one_error(capsys, ["--config", str(tmp_path), "--dry-run"], str(tmp_path), "folder", main=sweep_main, prog="sweep")
+    one_error(capsys, ["sweep", "--config", str(tmp_path / "nope.yaml"), "--dry-run"], "nope.yaml")  # crl-jax sweep
+    f = tmp_path / "two_jobs.yaml"
+    f.write_text("overrides: {steps: 1}\ngrid: {distributed.num_processes: [1, 2]}\n")
+    one_error(capsys, ["sweep", "--config", str(f), "--out", str(tmp_path / "o")], "distributed.*", "same settings")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from crl_jax.backends.llm.dry_run import dry_run
 from crl_jax.backends.llm.rollout import play
 from crl_jax.backends.llm.runtime import is_llm_config
 from crl_jax.config import load
+from crl_jax.infra import cli
 from crl_jax.extractor.ops_json import parse_operations_with_stats
 from crl_jax.models import transformer as tr
 
@@ -180,10 +181,26 @@ def test_compiled_chunk_has_the_loop_metrics(rt):
     assert int(st3.step) == 4 and fn._cache_size() == 1
 
 
-def test_qwen_paper_dry_run():
-    cfg = load(os.path.join(ROOT, "experiments", "configs", "qwen_paper.yaml"))
-    out = dry_run(dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, preset="qwen2.5-7b"),
-                                        extractor=dataclasses.replace(cfg.extractor, preset="qwen3-4b")))
-    assert 7.6e9 < out["actor"]["num_params"] < 7.7e9 and 4.0e9 < out["extractor"]["num_params"] < 4.1e9
-    assert out["actor"]["param_bytes"] == 2 * out["actor"]["num_params"]  # bfloat16
+def test_qwen_paper_dry_run(capsys):
+    """`crl-jax dry-run` of the paper's config: shapes, float32 masters and optimizer state beside bfloat16
+    weights, their memory per device, in seconds and without weights (the weights paths do not exist here)."""
+    path = os.path.join(ROOT, "experiments", "configs", "qwen_paper.yaml")
+    cfg = load(path)
+    out = dry_run(cfg)
+    a, e = out["actor"], out["extractor"]
+    assert 7.6e9 < a["num_params"] < 7.7e9 and 4.0e9 < e["num_params"] < 4.1e9
+    for m in (a, e):  # bfloat16 weights, float32 masters, float32 Adam moments: 2 + 4 + 8 bytes per parameter
+        assert m["dtypes"] == {"weights": ["bfloat16"], "master": ["float32"], "opt_state": ["float32"]}
+        assert (m["param_bytes"], m["master_bytes"]) == (2 * m["num_params"], 4 * m["num_params"])
+        assert 8 * m["num_params"] <= m["opt_bytes"] < 8 * m["num_params"] + 1024
+    # mesh data 4 x fsdp 4: weights, masters and moments are sharded 4 ways (fsdp), replicated over data
+    assert 4 * out["per_device"]["actor"]["weights"] >= a["param_bytes"] > 3.9 * out["per_device"]["actor"]["weights"]
     assert out["devices_needed"] == 16 and out["rollouts_per_step"] == cfg.rollout.groups * cfg.rollout.group_size
+    t = time.perf_counter()
+    cli.main(["dry-run", "--config", path])
+    text = capsys.readouterr().out
+    assert time.perf_counter() - t < 30
+    assert "masters float32, optimizer state float32" in text and "masters 28.37 GiB" in text
+    assert "16 devices needed" in text and "tokenizer.json: missing" in text
+    bf16 = dry_run(dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, param_dtype="bfloat16")))["actor"]
+    assert bf16["master"] is None and bf16["dtypes"]["opt_state"] == ["bfloat16"]  # the update in bfloat16

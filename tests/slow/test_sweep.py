@@ -278,3 +278,26 @@ def test_sigterm_stops_a_sweep_after_its_chunk_and_a_cut_member_summary_is_compu
     again = json.loads(_read(p))
     assert {k: v for k, v in again.items() if k != "wall_seconds"} == {
         k: v for k, v in whole.items() if k != "wall_seconds"}
+
+
+def test_a_sharded_sweep_runs_train_engine_and_equals_unsharded_runs(singles, tmp_path):
+    """`crl-jax sweep` with `mesh.data=2` (x fsdp 4 on the 8 simulated devices): no vmapped program, each member
+    run by train's engine on its mesh, metrics equal to the unsharded single runs up to float rounding."""
+    from crl_jax.infra.cli import main
+
+    f = tmp_path / "sweep.yaml"
+    f.write_text("overrides: [" + ", ".join(f'"{o}"' for o in MICRO + ["steps=2", "mesh.data=2", "mesh.fsdp=4"])
+                 + "]\nseeds: 2\ngrid:\n  method: [crl]\n")
+    out = str(tmp_path / "o")
+    before = dict(sweep.TRACES)
+    main(["sweep", "--config", str(f), "--out", out, "--no-plot", "--quiet"])
+    assert sweep.TRACES == before
+    plan_ = json.loads(_read(os.path.join(out, "sweep.json")))
+    assert plan_["programs"] == [] and plan_["sequential"] == ["crl/seed0", "crl/seed1"]
+    assert os.path.exists(os.path.join(out, ".lock"))  # the sweep folder was locked (the OS lock is gone)
+    for s in (0, 1):
+        mine = os.path.join(out, "crl", f"seed{s}")
+        _assert_csv_close(os.path.join(mine, "metrics.csv"), os.path.join(singles["crl", s], "metrics.csv"), s)
+        assert json.loads(_read(os.path.join(mine, "config.json")))["mesh"]["data"] == 2
+        assert os.path.isdir(os.path.join(mine, "checkpoints", "2"))
+    assert "| crl | 2 |" in _read(os.path.join(out, "summary.md"))
