@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from crl_jax.infra import sweep_cmd
-from crl_jax.infra.cli import report_errors
+from crl_jax.infra.cli_errors import report_errors
 
 
 def main(argv=None) -> int:

@@ -4,7 +4,7 @@ Prints each model's shapes and parameter count, the dtypes of its weights, float
 their total bytes, the bytes one device holds on the config's mesh (weights; masters + optimizer state; an
 activation estimate of one learner micro-batch), the devices the mesh needs, and the tokenizers: whether each
 model's tokenizer file exists, its vocabulary size, and whether actor and extractor share one (the LLM path
-needs that). Shapes come from `crl_jax.backends.llm.dry_run` (`jax.eval_shape`: nothing is allocated).
+needs that). Shapes come from `crl_jax.infra.dry_run` (`jax.eval_shape`: nothing is allocated).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import filecmp
 import os
 
-from crl_jax.backends.llm.dry_run import dry_run
+from crl_jax.infra.dry_run import dry_run
 from crl_jax.backends.llm.runtime import is_llm_config, resolve_weights
 from crl_jax.config import Config, ConfigError
 from crl_jax.models import presets

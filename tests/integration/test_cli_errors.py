@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from crl_jax.infra import cli
+from crl_jax.infra import cli, cli_errors
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -193,7 +193,7 @@ def test_a_tokenizer_that_does_not_round_trip_the_environment_text_is_one_line(c
     def build():
         raise ValueError("make_token_renderer: tokenizer does not round-trip 'That is not a valid action.'")
 
-    code, lines = run_main(capsys, lambda _: cli.report_errors(build), [])
+    code, lines = run_main(capsys, lambda _: cli_errors.report_errors(build), [])
     assert code == 2 and len(lines) == 1 and "round-trip" in lines[0], lines
 
 
@@ -248,7 +248,7 @@ def test_oserror_is_one_line_naming_the_file(capsys, tmp_path):
         raise NotADirectoryError(20, "Not a directory", str(tmp_path / "afile" / "sub"))
 
     with pytest.raises(SystemExit) as e:
-        cli.report_errors(fails, None)
+        cli_errors.report_errors(fails, None)
     assert e.value.code == 2
     assert capsys.readouterr().err.strip() == f"crl-jax: error: '{tmp_path / 'afile' / 'sub'}': Not a directory"
 
@@ -341,7 +341,7 @@ def test_each_warning_is_shown_once():
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = lambda message, *a, **k: shown.append(warnings.formatwarning(message, *a[:3]))
-        cli._one_line_warnings()
+        cli_errors._one_line_warnings()
         for _ in range(2):
             warnings.warn("offline bank file b.jsonl: 2 of 3 entries cut")
         warnings.warn("another")

@@ -17,7 +17,7 @@ from _llm_common import small_runtime
 
 from crl_jax import loop as tiny
 from crl_jax.backends.llm.distill import parse_responses
-from crl_jax.backends.llm.dry_run import dry_run
+from crl_jax.infra.dry_run import dry_run
 from crl_jax.backends.llm.rollout import play
 from crl_jax.backends.llm.runtime import is_llm_config
 from crl_jax.config import load

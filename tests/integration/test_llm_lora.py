@@ -16,7 +16,7 @@ from _llm_common import small_runtime
 from crl_jax import loop
 from crl_jax.backends.llm import adapters
 from crl_jax.backends.llm import format_prior as fpm
-from crl_jax.backends.llm.dry_run import dry_run
+from crl_jax.infra.dry_run import dry_run
 from crl_jax.backends.llm.rollout import play
 from crl_jax.config import load
 from crl_jax.infra.checkpoint import Checkpointer

@@ -142,7 +142,7 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
         tok = tok or etok
     if tok is None:
         raise ConfigError("actor.weights / extractor.weights: the LLM path needs a checkpoint with a tokenizer "
-                          "(random-init presets are for dry runs: crl_jax.backends.llm.dry_run)")
+                          "(random-init presets are for dry runs: crl_jax.infra.dry_run)")
     if etok is not None and tok.vocab_size != etok.vocab_size:
         raise ConfigError("extractor: actor and extractor must share one tokenizer in this implementation")
     T = min(cfg.env.max_turns, env.max_steps)
