@@ -117,7 +117,7 @@ def sample_turn(graphdef, params, seg: Segments, allowed, action_ids, k_play, t,
                 live=None):
     """One turn of N episodes: build the prompts, sample one allowed action token each (key `fold_in(k_play,
     t)`) -> (prompts [N, P], lengths [N], tokens [N], log-probs [N], env actions [N]). Shared by `play` and
-    the host driver (`crl_jax.backends.host.play`), so both paths build and sample turns identically.
+    the host driver (`crl_jax.host.play`), so both paths build and sample turns identically.
 
     `prefix`: the task texts' keys and values (`Transformer.encode_prefix(task_tokens, task_len)`); the model
     then runs only the rest of each prompt (the returned prompts are still the whole ones).

@@ -14,7 +14,7 @@ depends on the models and the environment:
 | `evaluate_pool` | `evaluate.evaluate_pool` | `llm.evaluate.evaluate_pool` |
 | `init_models` | random init + the synthetic-data prior | pretrained weights (+ format prior) |
 
-Host-side environments (`backends.host.driver`) use the built-in backend's pieces for everything but the rollouts,
+Host-side environments (`host.driver`) use the built-in backend's pieces for everything but the rollouts,
 which their driver plays on the host between jitted turns.
 
 Every function takes the Runtime `rt` first (but `buffer_dims`, which the Runtime is assembled from). A

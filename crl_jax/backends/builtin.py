@@ -4,7 +4,7 @@ Rollouts are `rollout.play` (one constrained action token per turn, the whole ep
 step), distillation writes an operation token and action tokens (`distill`), the actor batch has one row
 per played turn, the extractor batch repeats for `extraction.epochs` optimizer steps and carries the
 auxiliary prior rows, and the models start from the synthetic-data prior (METHOD.md §6) when
-`pretrain.enabled`. Host-side environments (`backends.host.driver`) share every piece but `play`.
+`pretrain.enabled`. Host-side environments (`host.driver`) share every piece but `play`.
 """
 
 from __future__ import annotations

@@ -116,8 +116,8 @@ def _evaluator(cfg, rt):
     pool function: the backend's compiled one, or the host driver's)."""
     import jax
 
-    from crl_jax.backends.host import evaluate as host_eval
-    from crl_jax.backends.host import driver as host_loop
+    from crl_jax.host import evaluate as host_eval
+    from crl_jax.host import driver as host_loop
     from crl_jax.actor.evaluate import evaluate_all
 
     if host_loop.is_host(rt):

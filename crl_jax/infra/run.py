@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from crl_jax import loop
-from crl_jax.backends.host import driver as host_loop
+from crl_jax.host import driver as host_loop
 from crl_jax.backends.llm.format_prior import format_prior_id
 from crl_jax.backends.llm.runtime import is_llm_config
 from crl_jax.config import Config, ConfigError, to_dict
@@ -91,7 +91,7 @@ def runtime_of(cfg: Config):
 def engine(cfg: Config):
     """(runtime, init_state, chunk, run_steps) of the path a config runs on: the one compiled loop
     (`crl_jax.loop`) on the built-in backend or the LLM backend (`crl_jax.backends.llm`: pretrained models, chat
-    prompts), or the host driver of an environment adapter (`backends.host.driver`: env steps on the host between
+    prompts), or the host driver of an environment adapter (`host.driver`: env steps on the host between
     jitted pieces). Every chunk has the contract of `loop.compiled_chunk(rt, n)`: `(state, last_step) ->
     (state, metrics [n])` over the same `LoopState`; the pure `run_steps` (None for the host driver) is
     what a sharded run jits with in/out shardings."""

@@ -18,7 +18,7 @@ the scanned chunk and the pure `train`.
 
 `train(cfg, key)` = init + `lax.scan(iteration)`; `jax.vmap(lambda k: train(cfg, k)[1])(keys)` runs a seed
 sweep as one program. The CLI runs the same `iteration` in scanned chunks between checkpoints, so a
-resumed run is identical to an uninterrupted one. Host-side environments (`crl_jax.backends.host.driver`) run
+resumed run is identical to an uninterrupted one. Host-side environments (`crl_jax.host.driver`) run
 `prepare` and `finish` as jitted pieces around rollouts played on the host.
 """
 

@@ -42,7 +42,7 @@ def _one(tok, text):
 
 def is_host(rt) -> bool:
     """Does the Runtime's environment step on the host (an adapter, `crl_jax.backends.host.env`)? Then its rollouts
-    cannot run inside one compiled program (`crl_jax.backends.host.driver` drives them)."""
+    cannot run inside one compiled program (`crl_jax.host.driver` drives them)."""
     return bool(getattr(rt.env, "is_host", False))
 
 
@@ -94,7 +94,7 @@ def build(cfg: Config) -> Runtime:
 
 def _build(cfg: Config) -> Runtime:
     """The tiny models' Runtime: built-in JAX envs, or a host adapter's pools (`crl_jax.backends.host.env`:
-    descriptors and text -> tokens renderers; the games run in `crl_jax.backends.host.driver`)."""
+    descriptors and text -> tokens renderers; the games run in `crl_jax.host.driver`)."""
     is_host = cfg.env.name in adapter_names()
     if is_host and cfg.rollout.share_prefix:
         raise ConfigError(f"rollout.share_prefix: env {cfg.env.name!r} steps on the host, one compiled call per "

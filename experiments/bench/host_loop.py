@@ -1,4 +1,4 @@
-"""Per-step time split of the host-env loop (crl_jax/backends/host/driver.py): host environment vs compiled compute.
+"""Per-step time split of the host-env loop (crl_jax/host/driver.py): host environment vs compiled compute.
 
     python experiments/bench/host_loop.py [--quick] [--preset micro|real] [--steps N]
 
@@ -18,7 +18,7 @@ import time
 import jax
 
 from crl_jax import loop
-from crl_jax.backends.host import driver as host_loop
+from crl_jax.host import driver as host_loop
 from crl_jax.config import load
 from crl_jax.loop.runtime import build
 

@@ -11,7 +11,7 @@ pytest.importorskip("nle")  # the `envs` extra (MiniHack); installed in CI
 from _micro import HOST_MICRO as MICRO
 
 from crl_jax import loop
-from crl_jax.backends.host import driver as host_loop
+from crl_jax.host import driver as host_loop
 from crl_jax.config import ConfigError, load
 from crl_jax.infra.run import engine, run
 

@@ -13,8 +13,8 @@ pytest.importorskip("nle")  # the `envs` extra (MiniHack); installed in CI
 
 from crl_jax import loop
 from crl_jax.actor.rollout import build_prompt
-from crl_jax.backends.host import driver as host_loop
-from crl_jax.backends.host import play as host_play
+from crl_jax.host import driver as host_loop
+from crl_jax.host import play as host_play
 from crl_jax.backends.host.env import HostRenderer
 from crl_jax.config import ConfigError, load
 from crl_jax.infra.metrics import ALL_COLUMNS

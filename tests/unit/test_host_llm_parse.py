@@ -1,7 +1,7 @@
-"""Reading an LLM reply's action on host games (`crl_jax.backends.host.llm_play.parse_reply`): literal replies
+"""Reading an LLM reply's action on host games (`crl_jax.host.llm_play.parse_reply`): literal replies
 against literal action sets (TextWorld / ALFWorld admissible commands, MiniHack's compass moves)."""
 
-from crl_jax.backends.host.llm_play import parse_command, parse_reply
+from crl_jax.host.llm_play import parse_command, parse_reply
 from crl_jax.envs.adapters.common import DIR_NAMES
 
 TW = ("examine chest drawer", "go east", "inventory", "open chest drawer", "take old key from chest drawer")

@@ -1,3 +1,4 @@
-"""Environments stepped on the host (real MiniHack) around jit-compiled turns: the driver (`driver.py`), its
-jitted pieces (`play.py`), its evaluation pool (`evaluate.py`), the adapter wrapper (`env.py`).
+"""Environments stepped on the host (real MiniHack, TextWorld, ALFWorld): the adapter wrapper and the renderer
+of their observations (`env.py`). The driver that plays them around jit-compiled turns is `crl_jax.host`, a
+layer above the loop it drives.
 """

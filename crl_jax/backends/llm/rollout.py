@@ -43,7 +43,7 @@ class LLMEpisodes(NamedTuple):
     success: jax.Array  # [N] bool
     turns: jax.Array  # [N] int32
     invalid: jax.Array  # [N] int32 played turns without a valid move
-    # host text games (`crl_jax.backends.host.llm_play`): each turn's command as tokens [N, T, Wm] and lengths
+    # host text games (`crl_jax.host.llm_play`): each turn's command as tokens [N, T, Wm] and lengths
     # [N, T] (their commands change per state: `actions` index the state's own list); None: fixed action names
     move: jax.Array | None = None
     move_len: jax.Array | None = None

@@ -130,7 +130,7 @@ def loss_configs(cfg: Config) -> tuple[loss_fns.PPOLossConfig, loss_fns.CISPOLos
 def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=None) -> Runtime:
     """The LLM path's Runtime of a normalised config (`crl_jax.loop.runtime.build` normalises and caches).
     `tokenizer` / `*_config`: test hooks (random-init models of the given shapes with this tokenizer)."""
-    is_host = cfg.env.name in adapter_names()  # a host adapter: the games run in `backends.host.driver`
+    is_host = cfg.env.name in adapter_names()  # a host adapter: the games run in `host.driver`
     if is_host:
         check_llm_host(cfg)
     env, eval_env = host_envs(cfg, text_actions=True) if is_host else builtin_envs(cfg)

@@ -1,5 +1,5 @@
 """Greedy evaluation with a host-side environment: the semantics of `crl_jax.actor.evaluate` on host games
-(tiny models or an LLM actor: `crl_jax.backends.host.llm_play`).
+(tiny models or an LLM actor: `crl_jax.host.llm_play`).
 
 Held-in = the first `eval.tasks` levels of the training pool, held-out = the first `eval.tasks` levels
 of the evaluation pool; each level is played once from the fixed key `evaluate.EVAL_KEY` (the same
@@ -22,8 +22,8 @@ import numpy as np
 
 from crl_jax.actor.evaluate import EVAL_KEY
 from crl_jax.actor.rollout import episode_reset_keys
-from crl_jax.backends.host.llm_play import compiled_llm, play_llm_host
-from crl_jax.backends.host.play import compiled, eval_size, games_of, play_host, seeds_from_key_data
+from crl_jax.host.llm_play import compiled_llm, play_llm_host
+from crl_jax.host.play import compiled, eval_size, games_of, play_host, seeds_from_key_data
 
 
 def evaluate_pool(rt, state, *, heldout: bool) -> tuple[float, float]:

@@ -1,5 +1,5 @@
 """The Complementary RL loop with a host-side environment (MiniHack, TextWorld, ALFWorld through their adapters),
-for the tiny models (MiniHack) and for LLMs (every adapter: `crl_jax.backends.host.llm_play`).
+for the tiny models (MiniHack) and for LLMs (every adapter: `crl_jax.host.llm_play`).
 
 Same algorithm and state as `crl_jax.loop`, split where the simulator has to run on the host:
 
@@ -13,15 +13,15 @@ Same algorithm and state as `crl_jax.loop`, split where the simulator has to run
 
 `run_steps(rt, state, num_steps, last_step)` has exactly the contract of `loop.compiled_chunk(rt, n)(state,
 last_step)`: `(state, metrics)` with every key of `loop.step_with_eval` stacked over `num_steps` (numpy
-arrays), evaluations (`crl_jax.backends.host.evaluate`) every `eval.every` steps and at `last_step`, NaN otherwise.
+arrays), evaluations (`crl_jax.host.evaluate`) every `eval.every` steps and at `last_step`, NaN otherwise.
 `crl_jax.infra.run.run` can use it in place of the compiled chunk for a Runtime whose `env.is_host` is set.
 
 Determinism: episode seeds are the reset keys `rollout.episode_reset_keys(roll, N)` of the step (as the
 built-in loop uses them), turned into ints; the adapters reseed every game from (seed, task) on reset,
 so a step is a pure function of the `LoopState` and a resumed run repeats an uninterrupted one.
 
-The pieces (games, jitted parts, `play_host`) are in `crl_jax.backends.host.play`, the evaluation in
-`crl_jax.backends.host.evaluate`.
+The pieces (games, jitted parts, `play_host`) are in `crl_jax.host.play`, the evaluation in
+`crl_jax.host.evaluate`.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import jax
 import numpy as np
 
 from crl_jax.actor.evaluate import evaluate_all
-from crl_jax.backends.host import evaluate as host_eval
-from crl_jax.backends.host.llm_play import compiled_llm, play_llm_host
-from crl_jax.backends.host.play import _Clock, Games, Timer, compiled, games_of, play_host, seeds_from_key_data  # noqa: F401
+from crl_jax.host import evaluate as host_eval
+from crl_jax.host.llm_play import compiled_llm, play_llm_host
+from crl_jax.host.play import _Clock, Games, Timer, compiled, games_of, play_host, seeds_from_key_data  # noqa: F401
 from crl_jax.loop import EVAL_KEYS, eval_due
 from crl_jax.loop.runtime import is_host  # noqa: F401  (re-exported: host_loop.is_host)
 

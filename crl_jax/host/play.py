@@ -1,4 +1,4 @@
-"""The pieces of the host-env driver (`crl_jax.backends.host.driver`): N adapter games of one pool, the jitted parts
+"""The pieces of the host-env driver (`crl_jax.host.driver`): N adapter games of one pool, the jitted parts
 of one step (`compiled(rt)`: begin, prepare, turn, finish, evaluation query), and `play_host`, which plays
 the games turn by turn between jitted `rollout.sample_turn` calls.
 

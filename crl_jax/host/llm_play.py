@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from crl_jax.backends.host.play import _Clock, Games
+from crl_jax.host.play import _Clock, Games
 from crl_jax.backends.llm.adapters import actor_params
 from crl_jax.backends.llm.answer import parse_prefilled_text
 from crl_jax.backends.llm.prompt_pieces import actor_head, user_turn
