@@ -57,6 +57,7 @@ from crl_jax.learner import train_state as ts
 from crl_jax.learner.loss_fns import TurnBatch
 from crl_jax.models import transformer as tr
 from crl_jax.models.embed import HashedNgramEmbedder
+from crl_jax.text.compat import map_segment
 from crl_jax.text.tokenizers import Tokenizer
 
 
@@ -150,13 +151,25 @@ class LLMParts:
     actor_stop_tokens: tuple[int, ...]  # token ids that end an actor reply (`backends.llm.answer.reply_stop_tokens`)
     actor_weights: nnx.State | None  # host params (numpy leaves), or None: random init
     extractor_weights: nnx.State | None
+    # The extractor's own tokenizer (its chat template, stop and pad ids): the same object as the Runtime's
+    # (the actor's) when both checkpoints hold one vocabulary. Entries reach the bank as text re-encoded
+    # with the actor's; the actor's goal, observations and entries reach the extractor through `to_extractor`.
+    extractor_tokenizer: Tokenizer | None = None
+    to_extractor: jax.Array | None = None  # [V_actor] extractor id of each actor token (-1: none); None: one vocabulary
+
+    def extractor_segment(self, tokens, length):
+        """An actor-token segment `(tokens [L], length)` as the extractor reads it (`crl_jax.text.compat.map_segment`);
+        unchanged with one vocabulary."""
+        if self.to_extractor is None:
+            return tokens, length
+        return map_segment(self.to_extractor, tokens, length)
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the compiled-chunk cache key
 class Runtime:
     cfg: Config  # normalised (`normalise`): read seed, steps, method and ablation switches from the run's config
     backend: Backend  # the path's pieces of the one iteration
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer  # the actor's (the bank's entries are in its tokens); the extractor's: `extractor_tokenizer`
     env: Env | HostEnv  # training pool
     eval_env: Env | HostEnv  # held-out pool
     renderer: Renderer
@@ -183,6 +196,12 @@ class Runtime:
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
+
+    @property
+    def extractor_tokenizer(self) -> Tokenizer:
+        """The tokenizer the extractor reads and writes: its own on the LLM path (`LLMParts`), else the one."""
+        own = self.llm.extractor_tokenizer if self.llm is not None else None
+        return own if own is not None else self.tokenizer
 
 
 def normalise(cfg: Config) -> Config:
