@@ -86,3 +86,18 @@ def test_merge_reads_the_bank_through_the_map_and_writes_actor_tokens(rt):
     assert int(n) == 1 and "- lesson 2" in prompt and prompt.endswith("<|im_start|>[assistant] <answer>[")
     got = [_text(tok, bank.tokens[s], bank.lengths[s]) for s in np.nonzero(np.asarray(bank.valid))[0]]
     assert got == ["merged A"]
+
+
+def test_build_refuses_an_extractor_that_cannot_read_the_actor_in_one_line(rt):
+    from tokenizers import Tokenizer, models
+
+    from crl_jax.backends.llm import runtime as lrt
+    from crl_jax.config import ConfigError
+    from crl_jax.text.tokenizers import HFTokenizer
+
+    words = HFTokenizer(Tokenizer(models.WordLevel({"go": 0, "[UNK]": 1}, unk_token="[UNK]")))
+    with pytest.raises(ConfigError, match=r"^extractor: tokenizer smollm2-135m cannot read the actor's tokens "
+                                          r"\(smollm2-135m, 49152 vs 2 tokens\)"):
+        lrt._tokenizers(rt.cfg, rt.tokenizer, words)
+    tok, etok, table = lrt._tokenizers(rt.cfg, rt.tokenizer, rt.tokenizer)
+    assert etok is tok and table is None  # one tokenizer: nothing to map
