@@ -88,7 +88,7 @@ class SentenceEncoder:
     def _load(cls, spec: str) -> "SentenceEncoder":
         folder = minilm_dir() if spec == "minilm" else spec
         if not os.path.isdir(folder):
-            raise FileNotFoundError(f"bank.embedder: {spec!r} is not 'hashed', 'minilm' nor a model folder")
+            raise FileNotFoundError(f"{spec!r} is not 'hashed', 'minilm' nor a model folder")
         hf = read_json(os.path.join(folder, "config.json"), what="model config")
         tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
         tok.no_padding()
@@ -105,10 +105,11 @@ class SentenceEncoder:
                                  source=os.path.join(folder, "config.json"))
             with SafetensorsSource(folder) as src:
                 graphdef, params = nnx.split(build_model(cfg, src), nnx.Param)
-            run = lambda ids, mask: nnx.merge(graphdef, params)(ids, attention_mask=mask, return_hidden=True)  # noqa: E731
+            def run(ids, mask):
+                return nnx.merge(graphdef, params)(ids, attention_mask=mask, return_hidden=True)
             dim = cfg.hidden_size
         else:
-            raise ValueError(f"bank.embedder: {folder}: model_type {kind!r} is not supported (bert, {', '.join(_DECODERS)})")
+            raise ValueError(f"{folder}: model_type {kind!r} is not supported (bert, {', '.join(_DECODERS)})")
         return cls(tok, jax.jit(run), pooling_of(folder), dim, max_len, spec)
 
     def embed_one(self, text: str) -> np.ndarray:

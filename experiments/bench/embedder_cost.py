@@ -1,6 +1,7 @@
 """Cost of `bank.embedder` on CPU: the retrieval steps (1-2: tasks, queries, retrieval; `loop.prepare`) of the tiny
 text view, compiled, per call with `hashed` and `minilm` keys, cold (every query text new to the cache) and
-warm (every text cached: what a run pays after its pool's texts were seen once), and MiniLM's cost per key.
+warm (every text cached: what a run pays after its pool's texts were seen once), and MiniLM's cost per key
+(one query text: task line + first observation, embedded alone).
 
     PYTHONPATH=$PWD python experiments/bench/embedder_cost.py [groups] [group_size] [tasks]
 """
@@ -48,13 +49,13 @@ def main(G=4, K=8, tasks=16):
                 cold.append((time.perf_counter() - t, len(emb.cache)))
             row["cold_ms_per_step"] = 1e3 * float(np.median([c[0] for c in cold]))
             row["distinct_texts_per_step"] = float(np.mean([c[1] for c in cold]))
-            texts = list(dict.fromkeys(rt.tokenizer.decode(np.asarray(rt.train_task_tokens[i])[
-                : int(rt.train_task_len[i])].tolist()) + " reference text" for i in range(tasks)))
-            emb.encoder.embed_one(texts[0])
+            texts = list(emb.cache)  # the last step's query texts: task line + first observation
+            row["wordpieces_per_query"] = float(np.mean([len(emb.encoder.tokenizer.encode(x).ids) for x in texts]))
             t = time.perf_counter()
-            for x in texts:
-                emb.encoder.embed_one(x)
-            row["ms_per_key"] = 1e3 * (time.perf_counter() - t) / len(texts)
+            for _ in range(3):
+                for x in texts:
+                    emb.encoder.embed_one(x)
+            row["ms_per_key"] = 1e3 * (time.perf_counter() - t) / (3 * len(texts))
         print(name, {k: round(v, 2) for k, v in row.items()}, f"(G={G}, K={K}: {G * K} queries a step)", flush=True)
 
 

@@ -7,23 +7,20 @@ find the entries keyed by their own queries. (The whole loop with it is a fresh 
 
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _micro import micro
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-from _micro import micro  # noqa: E402
-
-from crl_jax import loop  # noqa: E402
-from crl_jax.backends.base import make_embedder  # noqa: E402
-from crl_jax.config import ConfigError  # noqa: E402
-from crl_jax.loop.runtime import build  # noqa: E402
-from crl_jax.models.checkpoint_files import load_tokenizer  # noqa: E402
-from crl_jax.models.embed import HashedNgramEmbedder, minilm_dir  # noqa: E402
-from crl_jax.models.text_embed import SentenceEncoder, TextKeyEmbedder, pooling_of  # noqa: E402
+from crl_jax import loop
+from crl_jax.backends.base import make_embedder
+from crl_jax.config import ConfigError
+from crl_jax.loop.runtime import build
+from crl_jax.models.checkpoint_files import load_tokenizer
+from crl_jax.models.embed import HashedNgramEmbedder, minilm_dir
+from crl_jax.models.text_embed import SentenceEncoder, TextKeyEmbedder, pooling_of
 
 TEXTS = ["Level 3: reach the stairs.\n#####\n#@.>#\n#####", "A man is eating food.", "The girl carries a baby."]
 TEXT_VIEW = ("rollout.view=text", "rollout.tip_window=0", "pretrain.enabled=false")
@@ -101,7 +98,8 @@ def test_runtime_selects_refuses_and_retrieves_reproducibly():
         """Retrieval (steps 1-2) twice at one step, the first one's queries added as entries in between."""
         p = loop.prepare(rt, state)
         N, L = p.q.shape[0], rt.cfg.bank.entry_len
-        bank, _ = rt.bank_ops.add_many(p.bank, jnp.ones((N, L), jnp.int32), jnp.full((N,), L), p.q, jnp.zeros((N,), jnp.int32),
+        zeros = jnp.zeros((N,), jnp.int32)  # one task family, as retrieval queries it
+        bank, _ = rt.bank_ops.add_many(p.bank, jnp.ones((N, L), jnp.int32), jnp.full((N,), L), p.q, zeros,
                                        state.step, jnp.arange(N), jnp.ones((N,), bool))
         return p, loop.prepare(rt, state.replace(bank=bank))
 
