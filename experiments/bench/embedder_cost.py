@@ -4,6 +4,10 @@ warm (every text cached: what a run pays after its pool's texts were seen once),
 (one query text: task line + first observation, embedded alone).
 
     PYTHONPATH=$PWD python experiments/bench/embedder_cost.py [groups] [group_size] [tasks]
+
+Measured on the shared 2-core CPU VM (G=4, K=8, 16 tasks; 32 queries a step, 3.7 distinct texts): hashed
+1.1 ms a step; minilm warm 1.1 ms a step (every query a look-up), cold 144 ms a step, 27.5 ms per key
+(32 word pieces a query).
 """
 
 import sys
