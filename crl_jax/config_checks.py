@@ -32,7 +32,6 @@ REMOVED_KEYS = {
     "rollout.action_format": "the path fixes it: one constrained action token (tiny models) or a free-text "
                              "<answer> reply (LLM path)",
     "extraction.format": "the path fixes it: operation tokens (tiny models) or JSON operations (LLM path)",
-    "bank.embedder": "the hashed n-gram embedder is the one embedder of both paths",
     "bank.top_k": "one entry is retrieved per guided rollout (the paper's K_r = 1)",
 }
 

@@ -31,6 +31,7 @@ loaded weights). It is built by `crl_jax.loop.runtime.build(cfg)` (one entry, on
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -57,6 +58,8 @@ from crl_jax.learner import train_state as ts
 from crl_jax.learner.loss_fns import TurnBatch
 from crl_jax.models import transformer as tr
 from crl_jax.models.embed import HashedNgramEmbedder
+from crl_jax.models.text_embed import SentenceEncoder, TextKeyEmbedder
+from crl_jax.text.compat import map_segment
 from crl_jax.text.tokenizers import Tokenizer
 
 
@@ -150,13 +153,25 @@ class LLMParts:
     actor_stop_tokens: tuple[int, ...]  # token ids that end an actor reply (`backends.llm.answer.reply_stop_tokens`)
     actor_weights: nnx.State | None  # host params (numpy leaves), or None: random init
     extractor_weights: nnx.State | None
+    # The extractor's own tokenizer (its chat template, stop and pad ids): the same object as the Runtime's
+    # (the actor's) when both checkpoints hold one vocabulary. Entries reach the bank as text re-encoded
+    # with the actor's; the actor's goal, observations and entries reach the extractor through `to_extractor`.
+    extractor_tokenizer: Tokenizer | None = None
+    to_extractor: jax.Array | None = None  # [V_actor] extractor id of each actor token (-1: none); None: one vocabulary
+
+    def extractor_segment(self, tokens, length):
+        """An actor-token segment `(tokens [L], length)` as the extractor reads it (`crl_jax.text.compat.map_segment`);
+        unchanged with one vocabulary."""
+        if self.to_extractor is None:
+            return tokens, length
+        return map_segment(self.to_extractor, tokens, length)
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the compiled-chunk cache key
 class Runtime:
     cfg: Config  # normalised (`normalise`): read seed, steps, method and ablation switches from the run's config
     backend: Backend  # the path's pieces of the one iteration
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer  # the actor's (the bank's entries are in its tokens); the extractor's: `extractor_tokenizer`
     env: Env | HostEnv  # training pool
     eval_env: Env | HostEnv  # held-out pool
     renderer: Renderer
@@ -174,7 +189,7 @@ class Runtime:
     actor_tx: optax.GradientTransformation  # built once: static parts of the train states' treedef
     extractor_tx: optax.GradientTransformation
     co_update: CoUpdate  # `train_state.make_co_update` with the path's two losses
-    embedder: HashedNgramEmbedder  # retrieval keys and queries
+    embedder: HashedNgramEmbedder | TextKeyEmbedder  # retrieval keys and queries (`bank.embedder`)
     bank_ops: BankOps  # the bank's functions with the `bank.*` hyperparameters bound (`bank_ops`)
     buffer_ops: BufferOps  # the sample buffer's with `extraction.*` and the backend's widths bound
     tiny: TinyParts | None = None  # the tiny models' pieces (built-in and host envs), else None
@@ -183,6 +198,12 @@ class Runtime:
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
+
+    @property
+    def extractor_tokenizer(self) -> Tokenizer:
+        """The tokenizer the extractor reads and writes: its own on the LLM path (`LLMParts`), else the one."""
+        own = self.llm.extractor_tokenizer if self.llm is not None else None
+        return own if own is not None else self.tokenizer
 
 
 def normalise(cfg: Config) -> Config:
@@ -260,7 +281,34 @@ def assemble(cfg: Config, *, actor_config: tr.TransformerConfig, extractor_confi
     prompt_len, response_len = fields["backend"].buffer_dims(cfg, fields["merge_pieces"])
     buffer = make_buffer_ops(capacity=ec.buffer_capacity, prompt_len=prompt_len, response_len=response_len,
                              batch=ec.batch, cooldown=ec.cooldown, power=ec.power)
+    embedder = make_embedder(cfg, fields["tokenizer"], compact=fields.get("tiny") is not None
+                             and cfg.rollout.view == "compact")
     return Runtime(cfg=cfg, actor_config=actor_config, extractor_config=extractor_config,
                    actor_graphdef=graphdef(actor_config), extractor_graphdef=graphdef(extractor_config),
-                   actor_tx=actor_tx, extractor_tx=extractor_tx, embedder=HashedNgramEmbedder(dim=cfg.bank.key_dim),
+                   actor_tx=actor_tx, extractor_tx=extractor_tx, embedder=embedder,
                    bank_ops=bank_ops(cfg.bank), buffer_ops=buffer, **fields)
+
+
+@functools.lru_cache(maxsize=2)
+def _encoder(spec: str) -> SentenceEncoder:
+    return SentenceEncoder.load(spec)  # loaded once per process (its jitted forward with it)
+
+
+def make_embedder(cfg: Config, tokenizer, *, compact: bool = False) -> HashedNgramEmbedder | TextKeyEmbedder:
+    """The retrieval embedder of `bank.embedder`: hashed n-grams of the query's tokens, or a sentence embedder
+    reading the query decoded with the actor's `tokenizer` (`crl_jax.models.text_embed`). The compact view's
+    queries are a level token and position tokens, no text to embed: refused there."""
+    b = cfg.bank
+    if b.embedder == "hashed":
+        return HashedNgramEmbedder(dim=b.key_dim)
+    if compact:
+        raise ConfigError(f"bank.embedder={b.embedder}: rollout.view=compact queries are level and position tokens, "
+                          "not text; use bank.embedder=hashed or rollout.view=text")
+    try:
+        enc = _encoder(b.embedder)
+    except (OSError, ValueError) as e:  # a missing package or folder, an unsupported or damaged model
+        raise ConfigError(f"bank.embedder: {e}") from None
+    if b.key_dim != enc.dim:
+        raise ConfigError(f"bank.key_dim: {b.key_dim}, but bank.embedder={b.embedder} gives {enc.dim}-wide keys; "
+                          f"set bank.key_dim={enc.dim}")
+    return TextKeyEmbedder(enc, tokenizer.decode)

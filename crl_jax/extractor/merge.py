@@ -133,7 +133,7 @@ def merge_family(bank, family, generate_fn: Callable, key, step, *, header_token
                  max_entries_out: int, op_ids=None, eos_id: int = -1, chunk: int = 5,
                  max_chunks: int | None = None, source_start=-1, entry_sep=None, context_prefix=None,
                  entries_prefix=None, suffix=None, pad_id: int = 0, parse_fn: Callable | None = None,
-                 min_similarity=None, fixed_width: bool = False):
+                 min_similarity=None, fixed_width: bool = False, entry_map: Callable | None = None):
     """Merge the entries of one task family -> (bank, MergeSamples). See the module docstring.
 
     header_tokens / entry_sep / context_prefix / entries_prefix / suffix: token segments
@@ -143,6 +143,8 @@ def merge_family(bank, family, generate_fn: Callable, key, step, *, header_token
     (`grouped_order`), the carry restarts with each group, and a single entry is not rewritten.
     fixed_width: every entry in the prompt takes its full `entry_len` slots (padding included), so the
     tokens of the newest entry sit at fixed distances from the answer (the compact view's layout).
+    entry_map: `(tokens [L], length) -> (tokens [L], length)`, an entry (bank or carried) as the prompt shows
+    it (the LLM path's actor -> extractor id map); default: as stored.
     """
     N, L = bank.capacity, bank.entry_len
     if max_chunks is not None:
@@ -177,6 +179,7 @@ def merge_family(bank, family, generate_fn: Callable, key, step, *, header_token
     source_start = jnp.asarray(source_start, jnp.int32)
 
     carry0 = (jnp.full((M, L), pad_id, jnp.int32), jnp.zeros((M,), jnp.int32), jnp.zeros((M,), bool))
+    show = entry_map or (lambda t, n: (t, n))
 
     def prompt_for(b, carry, cslots):
         c_tok, c_len, c_mask = carry
@@ -184,14 +187,13 @@ def merge_family(bank, family, generate_fn: Callable, key, step, *, header_token
         safe = jnp.clip(cslots, 0, N - 1)
         segs = [header, (ctx_pre[0], jnp.where(c_mask.any(), ctx_pre[1], 0))]
         for m in range(M):
-            c_t, c_n = c_tok[m], c_len[m]
+            c_t, c_n = show(c_tok[m], c_len[m])
             if fixed_width:
                 c_t, c_n = jnp.where(jnp.arange(L) < c_n, c_t, pad_id), L
             segs += [(sep[0], jnp.where(c_mask[m], sep[1], 0)), (c_t, jnp.where(c_mask[m], c_n, 0))]
         segs.append(ent_pre)
         for j in range(chunk):
-            e_tok = b.tokens[safe[j]]
-            e_n = b.lengths[safe[j]]
+            e_tok, e_n = show(b.tokens[safe[j]], b.lengths[safe[j]])
             if fixed_width:
                 e_tok, e_n = jnp.where(jnp.arange(L) < e_n, e_tok, pad_id), L
             segs += [(sep[0], jnp.where(present[j], sep[1], 0)), (e_tok, jnp.where(present[j], e_n, 0))]

@@ -64,20 +64,20 @@ def max_chunks(cfg) -> int:
 
 
 def merge_into(rt, bank, buffer, key, step, *, generate_fn, max_out: int, parse_fn=None, op_ids=None,
-               fixed_width: bool = False):
+               fixed_width: bool = False, entry_map=None):
     """Merge family 0 of the bank with `rt.merge_pieces`; applied merges join the buffer
     -> (bank, buffer, number of merged chunks). `fixed_width`: entries take their full width in the
-    prompt (the tiny compact layout, `merge.merge_family`)."""
+    prompt (the tiny compact layout, `merge.merge_family`); `entry_map`: the bank's entries as the extractor
+    reads them (`LLMParts.extractor_segment`)."""
     cfg = rt.cfg
     p = rt.merge_pieces
     bank, s = merge_bank(bank, 1, generate_fn, key, step, source_start=buffer.next_id,
                          header_tokens=p.header, entry_sep=p.sep, context_prefix=p.context,
                          entries_prefix=p.entries, suffix=p.suffix,
                          max_prompt=merge_prompt_len(cfg, p, max_out), max_entries_out=max_out, op_ids=op_ids,
-                         eos_id=rt.tokenizer.eos_id, chunk=cfg.extraction.merge_chunk, max_chunks=max_chunks(cfg),
-                         pad_id=rt.tokenizer.pad_id, parse_fn=parse_fn,
-                         min_similarity=merge_similarity(cfg),
-                         fixed_width=fixed_width)
+                         eos_id=rt.extractor_tokenizer.eos_id, chunk=cfg.extraction.merge_chunk,
+                         max_chunks=max_chunks(cfg), pad_id=rt.extractor_tokenizer.pad_id, parse_fn=parse_fn,
+                         min_similarity=merge_similarity(cfg), fixed_width=fixed_width, entry_map=entry_map)
     flat = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), s)
     P, R = buffer.prompt.shape[1], buffer.response.shape[1]
     pad2 = lambda x, n, v=0: jnp.pad(x, ((0, 0), (0, n - x.shape[1])), constant_values=v)  # noqa: E731

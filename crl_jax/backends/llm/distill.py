@@ -28,19 +28,26 @@ from crl_jax.sampling import SamplerConfig, sample_tokens
 
 def distill_prompts(rt, task_tokens, task_len, ep, exp, exp_len, has_exp):
     """[N, Pd] prompts and [N] lengths (Pd = extraction.prompt_len)."""
-    p, budget, pad = rt.llm.distill_pieces, rt.cfg.extraction.prompt_len, rt.tokenizer.pad_id
-    return jax.vmap(lambda g, gl, o, ol, a, ac, s, e, el, he, mv, ml: distill_prompt(
-        p, budget, g, gl, o, ol, a, ac, s, e, el, he, pad, mv, ml))(
-        task_tokens, task_len, ep.obs, ep.obs_len, ep.actions, ep.active, ep.success, exp, exp_len, has_exp,
-        ep.move, ep.move_len)
+    p, budget, pad = rt.llm.distill_pieces, rt.cfg.extraction.prompt_len, rt.extractor_tokenizer.pad_id
+    seg = rt.llm.extractor_segment  # the actor's goal, observations and entry in the extractor's tokens
+
+    def one(g, gl, o, ol, a, ac, s, e, el, he, mv, ml):
+        (g, gl), (e, el), (o, ol) = seg(g, gl), seg(e, el), jax.vmap(seg)(o, ol)
+        if mv is not None:  # the played commands of host text games, in the actor's tokens too
+            mv, ml = jax.vmap(seg)(mv, ml)
+        return distill_prompt(p, budget, g, gl, o, ol, a, ac, s, e, el, he, pad, mv, ml)
+
+    return jax.vmap(one)(task_tokens, task_len, ep.obs, ep.obs_len, ep.actions, ep.active, ep.success, exp, exp_len,
+                         has_exp, ep.move, ep.move_len)
 
 
 def parse_responses(rt, resp, rlen):
-    """Host callback: response tokens [N, R] -> op arrays (see `operations_to_arrays`)."""
-    tok, prefill = rt.tokenizer, rt.llm.distill_pieces.prefill
+    """Host callback: response tokens [N, R] -> op arrays (see `operations_to_arrays`); the reply decoded with the
+    extractor's tokenizer, the entries encoded with the actor's (the bank's)."""
+    etok, prefill = rt.extractor_tokenizer, rt.llm.distill_pieces.prefill
     # the prefill (e.g. '<answer>[') ends the prompt: the reply is read as its continuation
-    decode = (lambda ids: prefill + tok.decode(ids)) if prefill else tok.decode
-    return parse_operations_callback(resp, rlen, decode, tok.encode, rt.cfg.bank.entry_len)
+    decode = (lambda ids: prefill + etok.decode(ids)) if prefill else etok.decode
+    return parse_operations_callback(resp, rlen, decode, rt.tokenizer.encode, rt.cfg.bank.entry_len)
 
 
 def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, episodes, keys, exp, exp_len, has_exp,
@@ -49,7 +56,7 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     N = task_tokens.shape[0]
     prompts, plen = distill_prompts(rt, task_tokens, task_len, episodes, exp, exp_len, has_exp)
     scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,
-                         stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id)
+                         stop_tokens=(rt.extractor_tokenizer.eos_id,), pad_id=rt.extractor_tokenizer.pad_id)
     resp, logp, rlen = sample_tokens(rt.extractor_graphdef, extractor_params(eparams), prompts, plen, key, scfg)
     ops = parse_responses(rt, resp, rlen)
     M = ops["op"].shape[1]

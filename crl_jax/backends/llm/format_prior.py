@@ -75,30 +75,31 @@ def _words(tables, key, n_max: int, cap: int):
     return pack_segments(segs, size=cap)
 
 
-def _lesson(rt, key, cap: int):
-    """Random lesson text "<title>w w</title><content>w w w ...</content>" -> (tokens [cap], length)."""
-    t = rt_tables(rt)
+def _lesson(rt, key, cap: int, side: str = "actor"):
+    """Random lesson text "<title>w w</title><content>w w w ...</content>" -> (tokens [cap], length) in the
+    `side` model's tokens."""
+    t = rt_tables(rt, side)
     k1, k2 = jax.random.split(key)
     return pack_segments([t["title_open"], _words(t["words"], k1, 3, 16), t["title_close"],
                           _words(t["words"], k2, 8, 40), t["content_close"]], size=cap)
 
 
-_TABLES: dict[int, dict] = {}
+_TABLES: dict[tuple[int, str], dict] = {}
 
 
-def rt_tables(rt) -> dict:
-    """Token pieces of the synthetic replies for this runtime's tokenizer (host, built once per runtime)."""
-    if id(rt) in _TABLES:
-        return _TABLES[id(rt)]
+def rt_tables(rt, side: str = "actor") -> dict:
+    """Token pieces of the synthetic replies in the tokens of one model, `side` = "actor" (moves, lessons as
+    experience) or "extractor" (JSON operations, lessons) (host, built once per runtime and side)."""
+    if (id(rt), side) in _TABLES:
+        return _TABLES[(id(rt), side)]
     with jax.ensure_compile_time_eval():  # host constants even when first asked inside a trace
-        t = _tables(rt)
+        t = _tables(rt, rt.tokenizer if side == "actor" else rt.extractor_tokenizer)
     t = jax.tree_util.tree_map(np.asarray, t)
-    _TABLES[id(rt)] = t
+    _TABLES[(id(rt), side)] = t
     return t
 
 
-def _tables(rt) -> dict:
-    tok = rt.tokenizer
+def _tables(rt, tok) -> dict:
     names = list(rt.env.action_names)
     ap, dp = rt.llm.actor_pieces, rt.llm.distill_pieces
     eot = tok.token_text(tok.eos_id)
@@ -149,7 +150,7 @@ def distill_budget(rt) -> int:
 def extractor_rows(rt, key, n: int):
     """`n` distillation rows: 1..2 random moves on random boards, random outcome, no retrieved entry;
     target = one `add` of a random lesson (2/3) or a `return` (1/3) in the JSON answer format."""
-    dp, t = rt.llm.distill_pieces, rt_tables(rt)
+    dp, t = rt.llm.distill_pieces, rt_tables(rt, "extractor")
     T = dp.num_turns
     tt = jnp.concatenate([rt.train_task_tokens, rt.eval_task_tokens])
     tl = jnp.concatenate([rt.train_task_len, rt.eval_task_len])
@@ -165,10 +166,12 @@ def extractor_rows(rt, key, n: int):
         active = jnp.arange(T) < turns
         acts = jax.random.randint(ks[3], (T,), 0, A)
         entry = jnp.zeros((rt.cfg.bank.entry_len,), jnp.int32)
-        prompt, plen = distill_prompt(dp, budget, tt[task], tl[task], obs, obs_len, acts, active,
+        seg = rt.llm.extractor_segment  # the actor's goal and observations in the extractor's tokens
+        (goal, goal_len), (obs, obs_len) = seg(tt[task], tl[task]), jax.vmap(seg)(obs, obs_len)
+        prompt, plen = distill_prompt(dp, budget, goal, goal_len, obs, obs_len, acts, active,
                                       jax.random.uniform(ks[4]) < 0.5, entry, jnp.int32(0), jnp.bool_(False),
-                                      rt.tokenizer.pad_id)
-        lesson = _lesson(rt, ks[5], rt.cfg.bank.entry_len)
+                                      rt.extractor_tokenizer.pad_id)
+        lesson = _lesson(rt, ks[5], rt.cfg.bank.entry_len, "extractor")
         add, add_len = pack_segments([t["add_open"], lesson, t["add_close"]], size=R)
         ret, ret_len = pack_segments([t["return"]], size=R)
         is_add = jax.random.uniform(ks[6]) < ADD_P
@@ -191,7 +194,7 @@ def _teacher_forced(prompt, plen, reply, rlen, width: int):
 
 def reply_cap(rt, which: str) -> int:
     """Static room of a synthetic target (tokens): the loss scores only these positions."""
-    t = rt_tables(rt)
+    t = rt_tables(rt, which)
     if which == "actor":
         return int(t["moves"][0].shape[1] + t["move_close"][0].shape[0])
     return rt.cfg.bank.entry_len + int(t["add_open"][0].shape[0]) + int(t["add_close"][0].shape[0])
@@ -201,7 +204,7 @@ def op_target(rt):
     """(offset, ids [2], probs [2]): the extractor target's op token — the first token where the `add` and
     the `return` targets differ (offset from the target's start) — its two ids and the data's op
     distribution (ADD_P, 1 - ADD_P)."""
-    t = rt_tables(rt)
+    t = rt_tables(rt, "extractor")
     (a, na), (r, nr) = t["add_open"], t["return"]
     a, r = np.asarray(a)[:int(na)].tolist(), np.asarray(r)[:int(nr)].tolist()
     off = next(i for i in range(min(len(a), len(r))) if a[i] != r[i])

