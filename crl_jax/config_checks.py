@@ -14,9 +14,7 @@ from typing import Any, Literal
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A bad configuration value; the message names the dotted key."""
+from crl_jax.errors import ConfigError  # noqa: F401  (re-exported: crl_jax.config.ConfigError)
 
 
 # ------------------------------------------------------------------------------------------------

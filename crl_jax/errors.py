@@ -5,6 +5,11 @@ of the JSON files a user may have damaged (model folders, run folders)."""
 import json
 
 
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the dotted key (or the file). Re-exported by
+    `crl_jax.config`, where users meet it."""
+
+
 class CheckpointError(RuntimeError, ValueError):
     """A checkpoint (run-folder Orbax state or model file) cannot be read, does not match the run, or was
     not written; the message names the directory or file. The one class the CLI reports as one line

@@ -59,7 +59,7 @@ from crl_jax.learner.loss_fns import TurnBatch
 from crl_jax.models import transformer as tr
 from crl_jax.models.embed import HashedNgramEmbedder
 from crl_jax.models.text_embed import SentenceEncoder, TextKeyEmbedder
-from crl_jax.text.compat import map_segment
+from crl_jax.models.tokenizer_compat import map_segment
 from crl_jax.text.tokenizers import Tokenizer
 
 
@@ -160,7 +160,7 @@ class LLMParts:
     to_extractor: jax.Array | None = None  # [V_actor] extractor id of each actor token (-1: none); None: one vocabulary
 
     def extractor_segment(self, tokens, length):
-        """An actor-token segment `(tokens [L], length)` as the extractor reads it (`crl_jax.text.compat.map_segment`);
+        """An actor-token segment `(tokens [L], length)` as the extractor reads it (`crl_jax.models.tokenizer_compat.map_segment`);
         unchanged with one vocabulary."""
         if self.to_extractor is None:
             return tokens, length

@@ -56,10 +56,19 @@ def tokenizer_lines(cfg: Config) -> list[str]:
             lines.append(f"  {name}: {f}: present, vocab {vocab[name] if vocab[name] else '(in the .gguf)'}")
     if len(vocab) == 2:
         same = files["actor"] == files["extractor"] or filecmp.cmp(files["actor"], files["extractor"], shallow=False)
-        verdict = ("one tokenizer (identical files)" if same else
-                   f"different files, vocab {vocab['actor']} vs {vocab['extractor']}: the LLM path needs the actor "
-                   f"and the extractor to share one tokenizer")
-        lines.append(f"  shared: {verdict}")
+        if same:
+            lines.append("  shared: one tokenizer (identical files)")
+        else:  # what the LLM path's build decides: one base vocabulary (an exact id map) or refused
+            from crl_jax.models.tokenizer_compat import tokenizer_compatibility
+
+            try:
+                r = tokenizer_compatibility(cfg.actor.weights, cfg.extractor.weights)
+                verdict = {"same": "the same vocabulary", "id_map": "one base vocabulary (entries cross by an exact id map)",
+                           "refused": "refused"}[r.mode]
+                lines.append(f"  shared: different files, vocab {vocab['actor']} vs {vocab['extractor']}: {verdict}"
+                             + ("" if r.ok else f" ({r.message})"))
+            except (OSError, ValueError, ConfigError) as e:
+                lines.append(f"  shared: different files, vocab {vocab['actor']} vs {vocab['extractor']}: not checked ({e})")
     return lines
 
 

@@ -13,7 +13,7 @@ import os
 
 from gguf import GGUFReader
 
-from crl_jax.config import ConfigError
+from crl_jax.errors import ConfigError
 from crl_jax.models.gguf_loader import read_metadata
 from crl_jax.text.tokenizers import HFTokenizer
 

@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 from tokenizers import Tokenizer
 
-from crl_jax.infra.errors import read_json
+from crl_jax.errors import read_json
 from crl_jax.models.bert import load_bert
 from crl_jax.models.embed import l2_normalize, minilm_dir
 from crl_jax.models.loading import SafetensorsSource, build_model, config_from_hf

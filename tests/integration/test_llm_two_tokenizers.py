@@ -1,4 +1,4 @@
-"""The LLM path with two tokenizers (`crl_jax.text.compat`): each model renders its prompts through its own chat
+"""The LLM path with two tokenizers (`crl_jax.models.tokenizer_compat`): each model renders its prompts through its own chat
 template; the extractor reads the actor's goal, observations and entries through the id map; its replies'
 entries reach the bank as text re-encoded with the actor's tokenizer (distillation and merge). The extractor's
 tokenizer is SmolLM2's vocabulary at other ids plus two added tokens, with another chat template

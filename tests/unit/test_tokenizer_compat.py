@@ -1,4 +1,4 @@
-"""Actor and extractor tokenizers (`crl_jax.text.compat`): one vocabulary, one base vocabulary that differs in
+"""Actor and extractor tokenizers (`crl_jax.models.tokenizer_compat`): one vocabulary, one base vocabulary that differs in
 added special tokens (accepted: entries cross as text, the actor's text reaches the extractor through an exact id
 map), or a different vocabulary (refused in one line naming both files). In-process tokenizers built from the
 SmolLM2 one (`tests/_llm_common.other_tokenizer`: the same strings at other ids, plus two added tokens)."""
@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, models
 
 from crl_jax.config import ConfigError
 from crl_jax.models.checkpoint_files import load_tokenizer
-from crl_jax.text.compat import compare, id_map, map_segment, tokenizer_compatibility
+from crl_jax.models.tokenizer_compat import compare, id_map, map_segment, tokenizer_compatibility
 from crl_jax.text.tokenizers import HFTokenizer
 
 ENTRY = 'Lesson: go north twice, then take the key ("k") and open the door.'

@@ -9,7 +9,7 @@ separate parameter copies even when they come from one file (loaded once).
 Prompts: the templates of `crl_jax.text.prompts` rendered through each model's own tokenizer and chat template
 (the actor's prompts through the actor's, distillation and merge through the extractor's) into token pieces
 (`crl_jax.backends.llm.prompt_pieces`). Two different tokenizers must share one base vocabulary
-(`crl_jax.text.compat`: the actor's text reaches the extractor through an exact id map; entries come back as
+(`crl_jax.models.tokenizer_compat`: the actor's text reaches the extractor through an exact id map; entries come back as
 text). Everything here is host-side and never traced.
 """
 
@@ -40,7 +40,7 @@ from crl_jax.models import presets
 from crl_jax.models import transformer as tr
 from crl_jax.models.checkpoint_files import load_tokenizer, resolve_weights  # noqa: F401  (re-exported)
 from crl_jax.models.pretrained import from_pretrained
-from crl_jax.text import compat
+from crl_jax.models import tokenizer_compat as compat
 
 
 def is_llm_config(cfg: Config) -> bool:
@@ -116,7 +116,7 @@ def loss_configs(cfg: Config) -> tuple[loss_fns.PPOLossConfig, loss_fns.CISPOLos
 
 def _tokenizers(cfg: Config, tok, etok):
     """(actor's, extractor's tokenizer, id map or None) of the two checkpoints: each model its own, refused in
-    one line when the extractor cannot read the actor's tokens (`crl_jax.text.compat`). A model without a
+    one line when the extractor cannot read the actor's tokens (`crl_jax.models.tokenizer_compat`). A model without a
     tokenizer (a random-init preset) takes the other's."""
     tok, etok = tok or etok, etok or tok
     if tok is None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from crl_jax.config import ConfigError
+from crl_jax.errors import ConfigError
 
 _SHOW = 3  # differing tokens named in a message
 
