@@ -161,7 +161,7 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
     handles = {}
     for ax, (col, title) in zip(axes.flat, PANELS):
         bounded = col.startswith(("success", "eval", "bank_replay")) or col == HEADLINE
-        smoothed = smooth > 1 and col.startswith("success")
+        smoothed = smooth > 1 and (col.startswith("success") or col == ADD_RATES)  # per-step rates are noisy
         for label, runs in sorted(groups.items()):
             for src in PAIRS.get(col, (deployed_column(runs) if col == HEADLINE else col,)):
                 steps, mean, lo, hi, raw = group_series(runs, src, smooth if smoothed else 1)
@@ -186,7 +186,7 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
     sizes = {len(r) for r in groups.values()}
     what = "95% t-interval" if min(sizes) >= 3 else ("min-max range" if max(sizes) <= 2 else
                                                       "min-max (n=2) / 95% t-interval (n>=3)")
-    note = (f"; train-success panels: centred {smooth}-step moving average (shorter at the ends, NaN skipped), "
+    note = (f"; train-success and ADD-rate panels: centred {smooth}-step moving average (shorter at the ends, NaN skipped), "
             "raw means faint") if smooth > 1 else ""
     fig.legend([handles[k] for k in sorted(handles)], [handles[k].get_label() for k in sorted(handles)],
                loc="lower center", ncol=min(len(handles), 6) or 1, fontsize=9,

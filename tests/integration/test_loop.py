@@ -68,6 +68,10 @@ def test_methods_and_ablations_share_one_program_and_run(extra):
     if cfg.method == "grpo":
         assert np.all(np.isnan(np.asarray(m["success_guided"]))) and bank_size[-1] == 0
         assert np.all(np.isnan(np.asarray(m["eval_heldin_with_exp"])))
+    elif cfg.method == "archive":  # one entry per successful episode (a micro run may have none), minus pruning
+        n = cfg.rollout.groups * cfg.rollout.group_size
+        np.testing.assert_array_equal(np.asarray(m["ops_add"]), np.round(np.asarray(m["success_all"]) * n))
+        assert bank_size[-1] == np.asarray(m["ops_add"]).sum() - np.asarray(m["pruned_entries"]).sum()
     else:
         assert bank_size[-1] > 0
     if cfg.method == "exp_only":

@@ -82,8 +82,7 @@ class _Corridor:
 ACTION_IDS = jnp.array([10, 11])  # token 10 = action 0 (left), 11 = action 1 (right)
 
 
-@pytest.mark.parametrize("jit", JIT)
-def test_bank_replay_share_on_a_literal_bank(jit):
+def test_bank_replay_share_on_a_literal_bank():  # jitted only: the eager scan of env steps costs ~20 s
     env = _Corridor()
     b = bank_lib.init(4, 4, 2)
     # a working plan for level 0 (goal 2), a failing one for level 1 (goal 3: its length cuts the third move),
@@ -96,12 +95,13 @@ def test_bank_replay_share_on_a_literal_bank(jit):
     tasks = jnp.array([0, 1])
     keys = jax.random.split(jax.random.key(0), 2)
     assert entry_levels(b.keys[:2], queries).tolist() == [0, 1]
-    assert bool(replay_plan(env, ACTION_IDS, 0, b.tokens[0], 2, keys[0]))
-    assert not bool(replay_plan(env, ACTION_IDS, 1, b.tokens[1], 2, keys[1]))
-    assert not bool(replay_plan(env, ACTION_IDS, 1, b.tokens[0], 2, keys[1]))  # level 0's plan fails on level 1
-    share = _maybe_jit(lambda bb: replay_share(env, ACTION_IDS, bb, queries, tasks, keys), jit)(b)
-    assert float(share) == 0.5
-    assert np.isnan(float(replay_share(env, ACTION_IDS, bank_lib.init(4, 4, 2), queries, tasks, keys)))
+    plan = jax.jit(lambda t, e, k: replay_plan(env, ACTION_IDS, t, e, 2, k))
+    assert bool(plan(0, b.tokens[0], keys[0]))
+    assert not bool(plan(1, b.tokens[1], keys[1]))
+    assert not bool(plan(1, b.tokens[0], keys[1]))  # level 0's plan fails on level 1
+    share = jax.jit(lambda bb: replay_share(env, ACTION_IDS, bb, queries, tasks, keys))
+    assert float(share(b)) == 0.5
+    assert np.isnan(float(share(bank_lib.init(4, 4, 2))))
 
 
 def test_archive_entries_literal():
