@@ -285,7 +285,7 @@ class DistributedConfig:
 
 @dataclass(frozen=True)
 class Config:
-    method: Literal["crl", "grpo", "static_online", "offline", "exp_only"] = "crl"  # METHOD.md §4
+    method: Literal["crl", "grpo", "static_online", "offline", "exp_only", "archive"] = "crl"  # METHOD.md §4
     seed: int = 0  # run key = jax.random.key(seed)
     steps: int = 80  # training iterations
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -321,7 +321,11 @@ class Config:
 
     @property
     def edits_bank(self) -> bool:
-        return self.method in ("crl", "static_online", "exp_only")
+        return self.method in ("crl", "static_online", "exp_only", "archive")
+
+    @property
+    def archives(self) -> bool:  # the bank's writes are the successful episodes' moves, no extractor call
+        return self.method == "archive"
 
 
 # ------------------------------------------------------------------------------------------------

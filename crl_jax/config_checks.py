@@ -294,5 +294,7 @@ def validate(cfg) -> None:
     need(cfg.extraction.prompt_len >= cfg.bank.entry_len + 5, "extraction.prompt_len",
          f"must hold the retrieved entry (bank.entry_len={cfg.bank.entry_len}), the goal and the prompt's labels: "
          f">= bank.entry_len + 5 at the least")
+    need(cfg.method != "archive" or cfg.actor.preset == "tiny", "method",
+         "archive stores the episodes' moves as plans of action tokens: it needs the tiny models (actor.preset=tiny)")
     if cfg.method == "offline":
         need(bool(cfg.bank.offline_path), "bank.offline_path", "method=offline needs a bank file")

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from crl_jax import bank as bank_lib
 from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.extractor.ops import build_distill_prompt, parse_constrained
+from crl_jax.models import transformer as tr
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
 ADD, UPDATE, RETURN = 0, 1, 2
@@ -60,6 +61,9 @@ class DistillOut(NamedTuple):
     n_return_trained: jax.Array = jnp.int32(0)  # no-write decisions stored with their reward (return_samples)
     n_update_unretrieved: jax.Array = jnp.int32(0)  # UPDATEs chosen with nothing retrieved (`resolve_ops`)
     n_invalid_trained: jax.Array = jnp.int32(0)  # malformed replies stored with `invalid_reward` (invalid_samples)
+    adds: jax.Array | None = None  # [N] int32 ADDs written from each episode (the outcome-split op rates)
+    updates: jax.Array | None = None  # [N] int32 UPDATEs written from each episode
+    op_entropy: jax.Array = jnp.float32(jnp.nan)  # [] mean entropy of the op token over the distilled episodes
 
 
 def store_invalid(rt, buffer, invalid, prompts, plen, resp, rlen, logp, key, step):
@@ -97,6 +101,18 @@ def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, 
                                     outcome_last=rt.cfg.extraction.outcome_last)
 
     return jax.vmap(one)(task_tokens, task_len, moves, n_moves, success, exp, exp_len, has_exp)
+
+
+def op_entropy(logits, op_ids, temperature: float, mask) -> jax.Array:
+    """[] mean over `mask` [N] of the entropy (nats) of the op token's distribution: softmax over the op
+    tokens `op_ids` [3] of `logits` [N, V] / temperature (the response mask's first step; temperature 0 =
+    greedy sampling, measured at 1). NaN when nothing is masked. A collapsed extractor (ADD always) is at 0,
+    a uniform one at log 3."""
+    z = logits[:, op_ids].astype(jnp.float32) / (temperature if temperature > 0 else 1.0)
+    logp = jax.nn.log_softmax(z, axis=-1)
+    h = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    m = mask.astype(jnp.float32)
+    return jnp.where(m.sum() > 0, jnp.sum(h * m) / jnp.maximum(m.sum(), 1.0), jnp.nan)
 
 
 def update_targets(bank, has_exp, slots):
@@ -187,5 +203,10 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     n_add = jnp.sum(writes & (op == ADD))
     n_update = jnp.sum(writes & (op == UPDATE))
     n_failed = jnp.sum(writes & ~episodes.success.astype(bool))
+    # the op token's entropy: one more forward of the prompts (the sampler keeps no distribution)
+    model = tr.merge(rt.extractor_graphdef, eparams)
+    first = model.unembed(model.last_hidden(prompts, plen)[:, None])[:, 0]  # [N, V] the response's first step
+    ent = op_entropy(first, rt.tiny.op_ids, cfg.extraction.temperature, mask)
     return DistillOut(bank, buffer, n_add, n_update, jnp.sum(mask) - n_add - n_update - n_invalid, n_invalid,
-                      n_failed, n_ret_trained, jnp.sum(mask & valid & (chosen == UPDATE) & ~has_exp), n_inv_trained)
+                      n_failed, n_ret_trained, jnp.sum(mask & valid & (chosen == UPDATE) & ~has_exp), n_inv_trained,
+                      (writes & (op == ADD)).astype(jnp.int32), (writes & (op == UPDATE)).astype(jnp.int32), ent)

@@ -166,8 +166,8 @@ def cmd_pretrain(args):
 def cmd_demo(args):
     from crl_jax.infra.demo import demo
 
-    demo(seeds=args.seeds, out=args.out, steps=args.steps, config=args.config, overrides=args.overrides or [],
-         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()))
+    demo(seeds=args.seeds, first_seed=args.first_seed, out=args.out, steps=args.steps, config=args.config,
+         overrides=args.overrides or [], methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()))
 
 
 OVERRIDES_HELP = """overrides:
@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train one run (resumes from the latest checkpoint in --out)",
                        epilog=OVERRIDES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
-    t.add_argument("--method", default=None, choices=["crl", "grpo", "static_online", "offline", "exp_only"])
+    t.add_argument("--method", default=None, choices=["crl", "grpo", "static_online", "offline", "exp_only",
+                                                                "archive"])
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--steps", type=int, default=None)
     t.add_argument("--out", default=None, help="run folder (default runs/<method>_seed<seed>)")
@@ -231,9 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_eval)
 
     d = sub.add_parser("demo", help="the embedded default: CRL vs GRPO over seeds, table and plot")
-    d.add_argument("--seeds", type=int, default=5)
+    d.add_argument("--seeds", type=int, default=5, help="how many seeds (default 5)")
+    d.add_argument("--first-seed", type=int, default=0, help="seeds FIRST .. FIRST+SEEDS-1 (default 0)")
     d.add_argument("--methods", default="crl,grpo",
-                   help="comma-separated methods: crl, grpo, static_online, offline, exp_only, or grpo_scratch (GRPO "
+                   help="comma-separated methods: crl, grpo, static_online, offline, exp_only, archive, or grpo_scratch (GRPO "
                         "without the prior); each beyond crl,grpo adds ~30-50%% time, over the 10-minute budget")
     d.add_argument("--steps", type=int, default=None)
     d.add_argument("--out", default="runs/demo")

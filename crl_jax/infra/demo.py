@@ -18,7 +18,14 @@ ROWS = (("late.eval_heldin_with_exp", "held-in, with exp (late)"),
         ("late.eval_heldout_without_exp", "held-out, without exp (late)"),
         ("eval_heldin_with_exp", "held-in, with exp (final)"), ("eval_heldin_without_exp", "held-in, without (final)"),
         ("success_guided_last10", "guided success (last 10)"), ("success_free_last10", "free success (last 10)"),
-        ("success_all_last10", "train success (last 10)"), ("env_steps", "env steps"))
+        ("success_all_last10", "train success (last 10)"), ("env_steps", "env steps"),
+        # is the extractor learning? (crl_jax/loop/diagnostics.py, crl_jax/actor/replay.py)
+        ("late.ops_add_rate_success", "ADD rate on success (late)"),
+        ("late.ops_add_rate_fail", "ADD rate on failure (late)"),
+        ("late.ops_update_rate_success", "UPDATE rate on success (late)"),
+        ("late.ops_update_rate_fail", "UPDATE rate on failure (late)"),
+        ("late.retrieved_credit_pos", "retrieved credit > 0 (late)"), ("late.op_entropy", "op entropy (late)"),
+        ("bank_replay_success", "bank replay success (final)"))
 
 # Paired differences (same seed) that the [effect] targets are about: (label, (method, key), (method, key)).
 DIFFS = (("crl with exp - grpo (held-in)", ("crl", "late.eval_heldin_with_exp"), ("grpo", "late.eval_heldin_without_exp")),
@@ -33,7 +40,15 @@ DIFFS = (("crl with exp - grpo (held-in)", ("crl", "late.eval_heldin_with_exp"),
          ("crl with - without exp (held-in)", ("crl", "late.eval_heldin_with_exp"), ("crl", "late.eval_heldin_without_exp")),
          ("crl with exp - grpo (held-out)", ("crl", "late.eval_heldout_with_exp"),
           ("grpo", "late.eval_heldout_without_exp")),
-         ("crl guided - free (last 10)", ("crl", "success_guided_last10"), ("crl", "success_free_last10")))
+         ("crl guided - free (last 10)", ("crl", "success_guided_last10"), ("crl", "success_free_last10")),
+         ("crl - archive, with exp (held-in)", ("crl", "late.eval_heldin_with_exp"),
+          ("archive", "late.eval_heldin_with_exp")),
+         ("archive with exp - grpo (held-in)", ("archive", "late.eval_heldin_with_exp"),
+          ("grpo", "late.eval_heldin_without_exp")),
+         ("archive guided - free (last 10)", ("archive", "success_guided_last10"), ("archive", "success_free_last10")),
+         ("crl ADD rate, failure - success (late)", ("crl", "late.ops_add_rate_fail"),
+          ("crl", "late.ops_add_rate_success")),
+         ("crl - archive, bank replay (final)", ("crl", "bank_replay_success"), ("archive", "bank_replay_success")))
 
 
 def _get(summary: dict, key: str):
@@ -48,7 +63,7 @@ def comparison_table(results: dict[str, list[dict]]) -> str:
     then the paired (same seed) differences with their 95% t-intervals. "late" = mean of the evaluations
     of the run's second half (single evaluations swing by ±0.15)."""
     methods = list(results)
-    lines = [f"{'metric':34s}" + "".join(f"{m:>22s}" for m in methods)]
+    lines = [f"{'metric':34s}" + "".join(f"{m:>22s}" for m in methods)]  # (n/a: the method has no such value)
     for key, name in ROWS:
         cells = []
         for m in methods:
@@ -76,17 +91,19 @@ def comparison_table(results: dict[str, list[dict]]) -> str:
 EXTRA_METHODS = {"grpo_scratch": {"method": "grpo", "pretrain.enabled": False}}
 
 
-def demo(*, seeds: int = 5, out: str = "runs/demo", steps: int | None = None, config: str | None = None,
-         overrides: list[str] = (), methods=("crl", "grpo")) -> dict:
-    """Every method over `seeds` seeds (`crl_jax.infra.sweep`), each run alone with the single-run program (one
-    compilation for every run: method flags are traced; on 2 CPU cores ~1.5x faster than vmapping the
+def demo(*, seeds: int = 5, first_seed: int = 0, out: str = "runs/demo", steps: int | None = None,
+         config: str | None = None, overrides: list[str] = (), methods=("crl", "grpo")) -> dict:
+    """Every method over `seeds` seeds from `first_seed` (`crl_jax.infra.sweep`), each run alone with the single-run
+    program (one compilation for every run: method flags are traced; on 2 CPU cores ~1.5x faster than vmapping the
     seeds), run folders `out/<method>/seed<s>/` (resumable), then the comparison table and plot. `methods`
     are config methods (crl, grpo, static_online, ...) or `EXTRA_METHODS` names (grpo_scratch)."""
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
     ov = _flat_overrides(list(overrides) + ([f"steps={steps}"] if steps else []))
     points = {m: dict(EXTRA_METHODS.get(m, {"method": m})) for m in methods}
-    spec = SweepSpec(config=config, overrides=ov, points=points, seeds=tuple(range(seeds)),
+    if first_seed < 0:
+        raise ConfigError(f"--first-seed must be >= 0, got {first_seed}")
+    spec = SweepSpec(config=config, overrides=ov, points=points, seeds=tuple(range(first_seed, first_seed + seeds)),
                      per_point=True, vmap_seeds=False)
     members = expand(spec, out)
     run_sweep(spec, out, chunk=members[0].cfg.checkpoint_every, plot=False, log=lambda *_: None)

@@ -22,10 +22,13 @@ except ImportError:  # pragma: no cover
 COLUMNS = ("step", "env_steps", "success_guided", "success_free", "eval_heldin_with_exp", "eval_heldin_without_exp",
            "eval_heldout_with_exp", "eval_heldout_without_exp", "bank_size", "extractor_reward_mean", "actor_loss",
            "extractor_loss")
+# Is the extractor learning? (crl_jax/loop/diagnostics.py; bank_replay_success at evaluation steps only)
+LEARNING = ("ops_add_rate_success", "ops_add_rate_fail", "ops_update_rate_success", "ops_update_rate_fail",
+            "retrieved_credit_pos", "op_entropy", "bank_replay_success")
 EXTRA = ("success_all", "retrieved_frac", "episode_turns", "ops_add", "ops_update", "ops_return", "ops_invalid",
          "merged_entries", "buffer_overflow", "extractor_ready", "adv_abs_mean", "actor/clip_frac",
          "actor/approx_kl", "actor/entropy", "extractor/ratio_mean", "actor/nonfinite", "extractor/nonfinite",
-         "ops_return_trained", "ops_update_unretrieved", "ops_invalid_trained")
+         "ops_return_trained", "ops_update_unretrieved", "ops_invalid_trained") + LEARNING
 ALL_COLUMNS = COLUMNS + EXTRA
 
 
@@ -132,7 +135,7 @@ def summary_from_rows(rows: list[dict]) -> dict:
     out: dict = {}
     ev = [r for r in rows if r.get("eval_heldin_without_exp", "") != ""]
     last = ev[-1] if ev else (rows[-1] if rows else {})
-    for c in COLUMNS:
+    for c in COLUMNS + ("bank_replay_success",):  # (the bank's replay at the final evaluation)
         v = last.get(c, "")
         out[c] = float(v) if v not in ("", None) else None
     tail = rows[-10:]
@@ -149,14 +152,15 @@ EVAL_COLUMNS = ("eval_heldin_with_exp", "eval_heldin_without_exp", "eval_heldout
 
 
 def late_means(rows: list[dict]) -> dict:
-    """Each eval column's mean over the evaluations of the run's second half (step > last step / 2):
-    single evaluations swing by +-0.15, so comparisons use this. None where there is no evaluation."""
+    """Each eval column's (and `LEARNING` column's) mean over the rows of the run's second half (step > last
+    step / 2) that have it: single evaluations swing by +-0.15, so comparisons use this. None where there is
+    no value."""
     if not rows:
-        return {c: None for c in EVAL_COLUMNS}
+        return {c: None for c in EVAL_COLUMNS + LEARNING}
     last = max(float(r["step"]) for r in rows)
     half = [r for r in rows if float(r["step"]) > last / 2]
     out = {}
-    for c in EVAL_COLUMNS:
+    for c in EVAL_COLUMNS + LEARNING:
         v = column(half, c) if half else np.array([])
         v = v[~np.isnan(v)]
         out[c] = float(v.mean()) if len(v) else None

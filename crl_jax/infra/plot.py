@@ -10,7 +10,8 @@ panels are clipped to [0, 1]. One colour per group in every panel, one legend fo
 first the headline comparison (`HEADLINE`: held-in evaluation of each group's deployed policy, with
 experience where the group has a bank, else without, the demo table's first paired difference), then
 training success of guided and free rollouts, evaluation with and without experience (held-in and
-held-out), bank size, extractor reward.
+held-out), bank size, extractor reward; then the extractor's learning: its ADD rate on successful (solid) and
+failed (dashed) episodes, the op token's entropy, and the share of the bank's plans that replay to success.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from crl_jax.infra.errors import read_json
 from crl_jax.infra.metrics import _complete, column, read_csv
 
 HEADLINE = "heldin_deployed"  # pseudo-column: eval_heldin_with_exp where a group has it, else _without_exp
+ADD_RATES = "add_rates"  # pseudo-column: ops_add_rate_success (solid) and ops_add_rate_fail (dashed)
 PANELS = (
     (HEADLINE, "held-in eval: with experience if a bank, else without"),
     ("success_guided", "train success, guided"),
@@ -37,8 +39,12 @@ PANELS = (
     ("eval_heldout_without_exp", "held-out eval, without experience"),
     ("bank_size", "bank size"),
     ("extractor_reward_mean", "extractor reward"),
+    (ADD_RATES, "extractor ADD rate: on success (solid), on failure (dashed)"),
+    ("op_entropy", "extractor op-token entropy (nats)"),
+    ("bank_replay_success", "bank entries that replay to success"),
 )
-PLOTTED = ("step",) + tuple(c for c, _ in PANELS if c != HEADLINE)  # the columns read as numbers
+PAIRS = {ADD_RATES: ("ops_add_rate_success", "ops_add_rate_fail")}  # pseudo-columns drawn as two lines
+PLOTTED = ("step",) + tuple(c for col, _ in PANELS if col != HEADLINE for c in PAIRS.get(col, (col,)))
 T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
@@ -149,29 +155,29 @@ def plot_runs(run_dirs: list[str], out: str, *, smooth: int = 3) -> str:
             raise FileNotFoundError(f"no metrics.csv in run folder {d!r}")
         groups[run_label(d)].append(read_metrics(path))
     # A bare Figure (no pyplot): drawn by the Agg canvas on save, whatever backend the process has chosen
-    fig = Figure(figsize=(15, 12))
-    axes = fig.subplots(3, 3)
+    fig = Figure(figsize=(15, 16))
+    axes = fig.subplots(4, 3)
     colors = {label: f"C{i % 10}" for i, label in enumerate(sorted(groups))}
     handles = {}
     for ax, (col, title) in zip(axes.flat, PANELS):
-        bounded = col.startswith(("success", "eval")) or col == HEADLINE
+        bounded = col.startswith(("success", "eval", "bank_replay")) or col == HEADLINE
         smoothed = smooth > 1 and col.startswith("success")
         for label, runs in sorted(groups.items()):
-            src = deployed_column(runs) if col == HEADLINE else col
-            steps, mean, lo, hi, raw = group_series(runs, src, smooth if smoothed else 1)
-            if not len(steps):
-                continue
-            if bounded:
-                lo, hi = np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
-            c = colors[label]
-            if smoothed:
-                ax.plot(steps, raw, color=c, alpha=0.3, linewidth=0.8, marker=".", markersize=3)
-            (line,) = ax.plot(steps, mean, color=c, label=f"{label} (n={len(runs)})",
-                              marker="o" if len(steps) < 12 else None,
-                              linestyle="--" if col == HEADLINE and src.endswith("without_exp") else "-")
-            ax.fill_between(steps, lo, hi, color=c, alpha=0.15)
-            if col != HEADLINE or label not in handles:  # the legend shows solid lines (a later panel's)
-                handles[label] = line
+            for src in PAIRS.get(col, (deployed_column(runs) if col == HEADLINE else col,)):
+                steps, mean, lo, hi, raw = group_series(runs, src, smooth if smoothed else 1)
+                if not len(steps):
+                    continue
+                if bounded:
+                    lo, hi = np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
+                c = colors[label]
+                if smoothed:
+                    ax.plot(steps, raw, color=c, alpha=0.3, linewidth=0.8, marker=".", markersize=3)
+                dashed = src.endswith(("without_exp", "_fail"))
+                (line,) = ax.plot(steps, mean, color=c, label=f"{label} (n={len(runs)})",
+                                  marker="o" if len(steps) < 12 else None, linestyle="--" if dashed else "-")
+                ax.fill_between(steps, lo, hi, color=c, alpha=0.15)
+                if not dashed or label not in handles:  # the legend shows solid lines (a later panel's)
+                    handles[label] = line
         ax.set_title(title + (f" (smoothed, {smooth}-step window)" if smoothed else ""), fontsize=10)
         ax.set_xlabel("step")
         if bounded:

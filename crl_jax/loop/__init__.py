@@ -9,5 +9,6 @@ What differs between paths is a backend (`crl_jax.backends`).
 
 from crl_jax.loop.iteration import (  # noqa: F401
     MethodFlags, LoopState, init_state, entry_credit, StepKeys, step_keys, sample_tasks, Prepared, prepare,
-    iteration, finish, masked_mean, EVAL_KEYS, eval_due, step_with_eval, run_steps, train, compiled_chunk,
+    iteration, finish, masked_mean, EVAL_KEYS, REPLAY_KEYS, eval_due, step_with_eval, run_steps, train,
+    compiled_chunk,
 )

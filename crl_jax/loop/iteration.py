@@ -34,11 +34,14 @@ from flax import struct
 from crl_jax import bank as bank_lib
 from crl_jax.actor.evaluate import evaluate_all
 from crl_jax.actor.experience import guided_mask, query_from_observation, retrieve_entries
+from crl_jax.actor.replay import bank_replay_success
 from crl_jax.actor.rollout import first_observation
 from crl_jax.bank.io import load_jsonl
 from crl_jax.config import ConfigError
 from crl_jax.extractor import buffer as buffer_lib
+from crl_jax.extractor.archive import archive
 from crl_jax.learner import train_state as ts
+from crl_jax.loop import diagnostics
 from crl_jax.loop.runtime import Runtime, build, is_host
 from crl_jax.losses import credit
 
@@ -49,19 +52,21 @@ class MethodFlags:
     one config shares one compiled program, and the skipped parts cost nothing at run time (`lax.cond`)."""
 
     uses_bank: jax.Array  # guided rollouts retrieve experience (all but grpo)
-    edits_bank: jax.Array  # the extractor distils episodes and merges (crl, static_online, exp_only)
+    edits_bank: jax.Array  # the bank is written online (crl, static_online, exp_only, archive)
     trains_actor: jax.Array  # actor updates (all but exp_only)
     trains_extractor: jax.Array  # extractor updates (crl, exp_only)
     group_split: jax.Array  # K/2 guided + K/2 free (ablation: every rollout guided)
     split_advantage: jax.Array  # per-subgroup advantages (ablation: one normalisation over the group)
     merge: jax.Array  # periodic merge (ablation: none)
+    archive: jax.Array = None  # the successful episodes' moves are the entries, no extractor call (archive)
 
     @classmethod
     def from_config(cls, cfg) -> "MethodFlags":
         b = lambda v: jnp.asarray(bool(v))  # noqa: E731
         return cls(uses_bank=b(cfg.uses_bank), edits_bank=b(cfg.edits_bank), trains_actor=b(cfg.trains_actor),
                    trains_extractor=b(cfg.trains_extractor), group_split=b(cfg.loss.group_split),
-                   split_advantage=b(cfg.loss.advantage == "split"), merge=b(cfg.extraction.merge))
+                   split_advantage=b(cfg.loss.advantage == "split"), merge=b(cfg.extraction.merge),
+                   archive=b(cfg.archives))
 
 
 @struct.dataclass
@@ -203,16 +208,28 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
     mask = distill_mask(cfg.extraction.distill, guided)
     ret_value, ret_ok = credit.return_values(cfg.extraction.reward, success.reshape(G, K), guided.reshape(G, K))
 
-    def do_distill(bb):
-        d = be.distill(rt, bb[0], bb[1], state.extractor.params, k.ext, step, task_tokens=p.task_tokens,
-                       task_len=p.task_len, episodes=ep, keys=p.q, exp=p.exp, exp_len=p.exp_len, has_exp=has_exp,
-                       slots=slots, mask=mask, return_value=ret_value.reshape(N), return_ok=ret_ok.reshape(N))
+    def packed(d):
         return d.bank, d.buffer, jnp.stack([d.n_add, d.n_update, d.n_return, d.n_invalid,
                                             d.n_add_failed, d.n_return_trained, d.n_update_unretrieved,
-                                            d.n_invalid_trained]).astype(jnp.int32)
+                                            d.n_invalid_trained]).astype(jnp.int32), \
+            jnp.stack([d.adds, d.updates]).astype(jnp.int32), jnp.asarray(d.op_entropy, jnp.float32)
 
-    bank, buffer, ops = jax.lax.cond(flags.edits_bank, do_distill,
-                                     lambda bb: (bb[0], bb[1], jnp.zeros((8,), jnp.int32)), (bank, buffer))
+    def do_distill(bb):
+        return packed(be.distill(rt, bb[0], bb[1], state.extractor.params, k.ext, step, task_tokens=p.task_tokens,
+                                 task_len=p.task_len, episodes=ep, keys=p.q, exp=p.exp, exp_len=p.exp_len,
+                                 has_exp=has_exp, slots=slots, mask=mask, return_value=ret_value.reshape(N),
+                                 return_ok=ret_ok.reshape(N)))
+
+    def no_edit(bb):
+        return bb[0], bb[1], jnp.zeros((8,), jnp.int32), jnp.zeros((2, N), jnp.int32), jnp.float32(jnp.nan)
+
+    branches = [no_edit, do_distill]
+    if rt.tiny is not None:  # archive's entries are plans of action tokens (config check: tiny models only)
+        branches.append(lambda bb: packed(archive(rt, bb[0], bb[1], k.ext, step, episodes=ep, keys=p.q,
+                                                  slots=slots)))
+    # 0: no bank edit, 1: the extractor distils (skipped at run time by the switch), 2: archive
+    which = jnp.where(flags.edits_bank, jnp.where(flags.archive, len(branches) - 1, 1), 0)
+    bank, buffer, ops, per_ep, op_ent = jax.lax.switch(which, branches, (bank, buffer))
     n_add, n_upd, n_ret, n_inv = ops[0], ops[1], ops[2], ops[3]
     n_failed_ep = jnp.sum(~ep.success.astype(bool) & mask)
 
@@ -224,7 +241,8 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
     actor, extractor, u_metrics = rt.co_update(state.actor, state.extractor, ab, eb)
 
     # 7. merge
-    bank, buffer, n_merged = be.merge(rt, bank, buffer, extractor.params, k.merge, step, flags.edits_bank & flags.merge)
+    bank, buffer, n_merged = be.merge(rt, bank, buffer, extractor.params, k.merge, step,
+                                      flags.edits_bank & flags.merge & ~flags.archive)
 
     metrics = {
         "success_guided": masked_mean(success, guided),
@@ -245,6 +263,11 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
                                        ops[4] / jnp.maximum(n_failed_ep, 1), jnp.nan).astype(jnp.float32),
         "merged_entries": n_merged.astype(jnp.float32),
         "buffer_overflow": buffer.overflow_count.astype(jnp.float32),
+        # is the extractor learning? (loop/diagnostics.py)
+        **{k_: jnp.where(flags.edits_bank, v, jnp.nan).astype(jnp.float32)
+           for k_, v in diagnostics.op_rates(per_ep[0], per_ep[1], success, mask).items()},
+        "retrieved_credit_pos": diagnostics.positive_credit_share(p.bank, slots, has_exp).astype(jnp.float32),
+        "op_entropy": op_ent,
         **be.episode_metrics(rt, ep), **a_metrics, **u_metrics,
     }
     env_steps = state.env_steps + ep.turns.sum().astype(jnp.int32)
@@ -275,10 +298,24 @@ def step_with_eval(rt: Runtime, state: LoopState, last_step):
     `last_step` is a traced scalar, so runs of different lengths share one compiled program.
     """
     state, m = iteration(rt, state)
-    nan = {k: jnp.float32(jnp.nan) for k in EVAL_KEYS}
+    keys = EVAL_KEYS + REPLAY_KEYS
+    nan = {k: jnp.float32(jnp.nan) for k in keys}
     ev = jax.lax.cond(eval_due(state.step, last_step, rt.cfg.eval.every),
-                      lambda s: evaluate_all(rt, s, rt.backend.evaluate_pool), lambda s: nan, state)
+                      lambda s: {**evaluate_all(rt, s, rt.backend.evaluate_pool), **bank_replay(rt, s)},
+                      lambda s: nan, state)
     return state, {**m, **ev}
+
+
+REPLAY_KEYS = ("bank_replay_success",)
+
+
+def bank_replay(rt: Runtime, state: LoopState) -> dict:
+    """At evaluation: the share of the bank's valid entries whose plan succeeds when replayed on its level
+    (`actor.replay`; the tiny models' plans on a built-in env, NaN on other paths and without a bank)."""
+    if rt.backend.name != "builtin" or rt.tiny is None:
+        return {"bank_replay_success": jnp.float32(jnp.nan)}
+    v = bank_replay_success(rt, state.bank)
+    return {"bank_replay_success": jnp.where(state.flags.uses_bank, v, jnp.nan).astype(jnp.float32)}
 
 
 def run_steps(rt: Runtime, state: LoopState, num_steps: int, last_step):

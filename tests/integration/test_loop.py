@@ -52,7 +52,7 @@ def test_vmapped_seeds_equal_single_runs():
             np.testing.assert_allclose(np.asarray(both[k][i]), np.asarray(one[k]), rtol=1e-5, atol=1e-6, err_msg=k)
 
 
-@pytest.mark.parametrize("extra", [["method=grpo"], ["method=static_online"], ["method=exp_only"],
+@pytest.mark.parametrize("extra", [["method=grpo"], ["method=static_online"], ["method=exp_only"], ["method=archive"],
                                    ["loss.group_split=false"], ["loss.advantage=cross_group"],
                                    ["extraction.merge=false"]])
 def test_methods_and_ablations_share_one_program_and_run(extra):
@@ -74,7 +74,14 @@ def test_methods_and_ablations_share_one_program_and_run(extra):
         a0 = loop.init_state(build(cfg), jax.random.key(0), cfg).actor.params
         for x, y in zip(jax.tree_util.tree_leaves(a0), jax.tree_util.tree_leaves(state.actor.params)):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    if cfg.method == "static_online":
+    if cfg.method == "archive":  # the successful episodes' moves, no extractor call: no sample, no op entropy
+        assert int(state.buffer.next_id) == 0 and not np.asarray(state.buffer.valid).any()
+        assert np.all(np.isnan(np.asarray(m["op_entropy"]))) and np.all(np.asarray(m["ops_update"]) == 0)
+        np.testing.assert_array_equal(np.asarray(m["ops_add_rate_fail"])[~np.isnan(m["ops_add_rate_fail"])], 0.0)
+        assert np.all(np.asarray(m["ops_add_rate_success"])[~np.isnan(m["ops_add_rate_success"])] == 1.0)
+    else:
+        assert not np.all(np.isnan(np.asarray(m["op_entropy"]))) or cfg.method == "grpo"
+    if cfg.method in ("static_online", "archive"):
         e0 = loop.init_state(build(cfg), jax.random.key(0), cfg).extractor.params
         for x, y in zip(jax.tree_util.tree_leaves(e0), jax.tree_util.tree_leaves(state.extractor.params)):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

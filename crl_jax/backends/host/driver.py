@@ -33,7 +33,7 @@ import numpy as np
 from crl_jax.actor.evaluate import evaluate_all
 from crl_jax.backends.host import evaluate as host_eval
 from crl_jax.backends.host.play import _Clock, Games, Timer, compiled, games_of, play_host, seeds_from_key_data  # noqa: F401
-from crl_jax.loop import EVAL_KEYS, eval_due
+from crl_jax.loop import EVAL_KEYS, REPLAY_KEYS, eval_due
 from crl_jax.loop.runtime import is_host  # noqa: F401  (re-exported: host_loop.is_host)
 
 
@@ -67,11 +67,13 @@ def run_steps(rt, state, num_steps: int, last_step, *, timer: Timer | None = Non
         state, m = host_step(rt, state, timer)
         if eval_due(int(state.step), last, rt.cfg.eval.every):
             t0 = time.perf_counter()
-            ev = evaluate_all(rt, state, host_eval.evaluate_pool)
+            # (no replay of the bank's plans: the host's levels are stepped outside the program)
+            ev = {**evaluate_all(rt, state, host_eval.evaluate_pool),
+                  **{k: np.float32(np.nan) for k in REPLAY_KEYS}}
             if timer is not None:
                 timer.eval += time.perf_counter() - t0
         else:
-            ev = {k: np.float32(np.nan) for k in EVAL_KEYS}
+            ev = {k: np.float32(np.nan) for k in EVAL_KEYS + REPLAY_KEYS}
         rows.append({**m, **ev})
     metrics = {k: np.stack([np.asarray(r[k], np.float32) for r in rows]) for k in rows[0]} if rows else {}
     return state, metrics

@@ -81,4 +81,5 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     buffer, n_inv_trained = store_invalid(rt, buffer, mask & ~ops["valid"], prompts, plen, resp, rlen, logp, key,
                                           step)
     return DistillOut(bank, buffer, n_add, n_update, n_return, n_invalid, n_failed, n_ret_trained,
-                      jnp.sum(unretrieved), n_inv_trained)
+                      jnp.sum(unretrieved), n_inv_trained, jnp.sum(op_ok & (ops["op"] == ADD), 1).astype(jnp.int32),
+                      jnp.sum(op_ok & (ops["op"] == UPDATE), 1).astype(jnp.int32))
