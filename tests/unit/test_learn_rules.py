@@ -92,3 +92,16 @@ def test_cispo_token_weight_literal():
     assert float(num1) == pytest.approx(6.0 - 4.0)  # unweighted: row 0 6, row 1 -4
     g = jax.grad(lambda lp: L.cispo_loss_parts(lp, logp, adv, mask, token_weight=tw)[0])(logp)
     np.testing.assert_allclose(np.asarray(g), [[-4.0, -1.0, -1.0], [8.0, 2.0, 0.0]])
+
+
+@pytest.mark.parametrize("outcome_last", [False, True])
+def test_distill_prompt_outcome_last_literal(outcome_last):
+    from crl_jax.extractor.ops import build_distill_prompt
+    A = jnp.asarray
+    p, n = jax.jit(lambda: build_distill_prompt(A([100]), (A([7, 0]), 1), A([10, 11, 12, 0]), 4, (A([50]), 1),
+                                                A([60, 0]), 1, 12, trajectory_prefix=A([90]), retrieved_prefix=A([91]),
+                                                suffix=A([99]), moves_last=True, outcome_last=outcome_last))()
+    # moves_last: header, goal, retrieved, moves, outcome, label; outcome_last swaps the last two, so every move
+    # keeps its distance from the answer
+    tail = [99, 50] if outcome_last else [50, 99]
+    assert np.asarray(p).tolist() == [100, 7, 91, 60, 90, 10, 11, 12, 0] + tail + [0] and int(n) == 11
