@@ -128,6 +128,10 @@ class BankConfig:
     shared_ties: bool = True  # diversity re-ranking: entries of exactly equal similarity (one level's entries
     #                           share its key) share a rank, so the usage term rotates retrieval through them;
     #                           false: ties ranked by slot (the lowest slots of a level are the only ones used)
+    select: Literal["diversity", "thompson"] = "diversity"  # training retrieval's choice among the candidates:
+    #   the paper's diversity re-ranking (usage, recency, demotion), or Thompson sampling on each entry's lifetime
+    #   +-1 credit (Beta(1 + wins, 1 + losses) per query and entry: validated entries exploited, untried ones
+    #   explored; our extension, METHOD.md §6)
     eval_prefer_used: bool = True  # evaluation's greedy top-1: among entries of equal similarity the one with
     #                                the best lifetime credit, then the most retrieved; false: lowest slot
     prune_below: float = 0.0  # pruning (our extension, METHOD.md §6): an entry whose credit this step is
@@ -165,6 +169,12 @@ class ExtractorConfig:
     update_unretrieved: str = "add"  # an UPDATE chosen when nothing was retrieved: "add" writes its entry as a new
     #                                  one (our decision: else a run can collapse into no-op UPDATEs);
     #                                  "ignore" writes nothing (the old behaviour)
+    outcome_last: bool = False  # tiny path: the distillation prompt ends with the outcome token, after the answer
+    #                             label, so the op is predicted at the outcome's own position; false: the outcome
+    #                             right before the label (the prior then has to learn to attend to it; measured:
+    #                             it does not within 300 supervised steps, METHOD.md §6)
+    op_weight: float = 1.0  # tiny path: weight of the op token's term in the extractor's CISPO token mean (the
+    #                         decision to write is 1 of ~20 response tokens); 1 = the paper's plain token mean
     op_explore: float = 0.0  # tiny path: the op token is drawn from (1 - this) * policy + this * uniform over the
     #                          ops (exploration: every op keeps >= this/3 probability, so a collapsed extractor
     #                          still tries ADD; behaviour log-probs are the mixture's); 0 = off (the paper)

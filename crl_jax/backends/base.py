@@ -266,7 +266,7 @@ def bank_ops(b: BankConfig) -> BankOps:
                          diversity_lambda=b.diversity_lambda, recent_steps=b.recent_steps, demote_p=b.demote_p,
                          min_similarity=b.min_similarity if b.min_similarity > -1.0 else None,
                          shared_ties=b.shared_ties, used_bonus=1e-6 if b.eval_prefer_used else 0.0,
-                         credit_bonus=1e-4 if b.eval_prefer_used else 0.0)
+                         credit_bonus=1e-4 if b.eval_prefer_used else 0.0, select=b.select)
 
 
 def assemble(cfg: Config, *, actor_config: tr.TransformerConfig, extractor_config: tr.TransformerConfig,

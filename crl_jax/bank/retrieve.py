@@ -20,7 +20,7 @@ from crl_jax.bank.state import ExperienceBank, normalize
 
 def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None, step, *, top_k: int = 1,
              candidates: int = 16, diversity_lambda=0.4, recent_steps=1, demote_p=0.5, query_mask=None,
-             min_similarity=None, shared_ties: bool = False):
+             min_similarity=None, shared_ties: bool = False, select: str = "diversity"):
     """Retrieve entries for a batch of queries -> (bank, slots [Q,K] int32, found [Q,K] bool).
 
     query_keys [Q,D] (normalised here), query_task [Q] int32, query_mask [Q] bool (default all True).
@@ -47,7 +47,14 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
     Afterwards times_retrieved grows by the number of (unmasked) queries that received each entry and
     last_retrieved_step becomes `step` for those entries. With diversity_lambda = 0, recent_steps = 0 and
     demote_p = 0 this is plain cosine top-K. `rng=None` disables demotion. `diversity_lambda`,
-    `recent_steps` and `demote_p` may be traced scalars; `top_k` and `candidates` are static.
+    `recent_steps` and `demote_p` may be traced scalars; `top_k`, `candidates` and `select` are static.
+
+    `select="thompson"` (our extension) replaces steps 3-4 by Thompson sampling on each entry's lifetime
+    credit: theta ~ Beta(1 + wins, 1 + losses) per (query, slot) from `rng` (`thompson_draws`), s = -r + theta.
+    Within one similarity rank (with `shared_ties`: a level's entries, which share one key) the entry with the
+    largest draw wins, so validated entries are exploited in proportion to their chance of being the best and
+    untried ones (Beta(1, 1)) keep being explored; the cut to C orders ties by the draw too. No usage, recency
+    or demotion terms. `rng=None`: theta = the posterior mean.
     """
     chex.assert_rank(query_keys, 2)
     chex.assert_rank(query_task, 1)
@@ -68,12 +75,19 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
     eligible = eligible & qmask[:, None]
     if min_similarity is not None:
         eligible = eligible & (sim >= min_similarity)
+    if select not in SELECTS:
+        raise ValueError(f"select must be one of {SELECTS}, got {select!r}")
+    thompson = select == "thompson"
     last_all = bank.last_retrieved_step
     recent_all = (last_all >= 0) & (last_all < step) & (step - last_all <= recent_steps)  # [N]
     # (step 3's terms besides the rank, lower is better; the random draw is one per (query, slot))
     rest_all = recent_all.astype(jnp.float32) + diversity_lambda * jnp.log1p(bank.times_retrieved.astype(jnp.float32))
     draw = None
-    if shared_ties and rng is not None:
+    if thompson:
+        # theta < 1 (the 0.999): a draw never outweighs one rank, so it orders entries within a rank only
+        rest_all = jnp.zeros((n,), jnp.float32)
+        draw = 0.999 * thompson_draws(bank.total_credit_sum, bank.total_credit_count, rng, q)
+    elif shared_ties and rng is not None:
         # < 1e-3: below any rank (1) or recency (1) difference and, at the default lambda = 0.4, below any
         # usage difference (lambda * log((n + 2) / (n + 1)) >= 0.004 for n < 100), so it orders exact ties
         draw = 1e-3 * jax.random.uniform(jax.random.fold_in(rng, 1), (q, n))
@@ -94,8 +108,8 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
     else:
         rank = jnp.broadcast_to(jnp.arange(c, dtype=jnp.float32)[None, :], (q, c))
 
-    recent = recent_all[cand_idx]
-    uses = bank.times_retrieved[cand_idx].astype(jnp.float32)
+    recent = recent_all[cand_idx] & (not thompson)
+    uses = bank.times_retrieved[cand_idx].astype(jnp.float32) * (not thompson)
     # rank + recent is an exact small integer, so candidates whose usage is equal tie exactly and the
     # lower rank (with shared ties: the lower candidate position, or the random draw below) wins,
     # independent of float rounding order.
@@ -110,7 +124,7 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
     chosen = jnp.take_along_axis(cand_idx, order, axis=1)
     chosen_ok = jnp.take_along_axis(cand_ok, order, axis=1)
     chosen_recent = jnp.take_along_axis(recent, order, axis=1)
-    if j > 1 and rng is not None:
+    if j > 1 and rng is not None and not thompson:
         u = jax.random.uniform(rng, (q,))
         demote = chosen_recent[:, 0] & chosen_ok[:, 0] & chosen_ok[:, 1] & (u < demote_p)
         first = jnp.where(demote, chosen[:, 1], chosen[:, 0])
@@ -127,6 +141,27 @@ def retrieve(bank: ExperienceBank, query_keys, query_task, rng: jax.Array | None
         last_retrieved_step=jnp.where(count > 0, step, bank.last_retrieved_step),
     )
     return bank, slots, found
+
+
+SELECTS = ("diversity", "thompson")  # = the values of `bank.select`
+
+
+def beta_counts(credit_sum, credit_count):
+    """(wins, losses) of entries from their lifetime +-1 outcome credit: sum = wins - losses, count = wins +
+    losses, so wins = (count + sum) / 2 and losses = (count - sum) / 2 (clipped at 0 against float drift).
+    credit_sum [N] float, credit_count [N] int -> ([N], [N]) float32."""
+    c = credit_count.astype(jnp.float32)
+    s = credit_sum.astype(jnp.float32)
+    return jnp.maximum((c + s) / 2, 0.0), jnp.maximum((c - s) / 2, 0.0)
+
+
+def thompson_draws(credit_sum, credit_count, rng, num_queries: int):
+    """[Q, N] Thompson draws theta ~ Beta(1 + wins, 1 + losses) per (query, entry), from `rng` (fold-in 2);
+    `rng=None`: the posterior means (1 + wins) / (2 + wins + losses). Same key, same draws."""
+    wins, losses = beta_counts(credit_sum, credit_count)
+    if rng is None:
+        return jnp.broadcast_to((1.0 + wins) / (2.0 + wins + losses), (num_queries, wins.shape[0]))
+    return jax.random.beta(jax.random.fold_in(rng, 2), 1.0 + wins, 1.0 + losses, (num_queries, wins.shape[0]))
 
 
 def retrieve_best(bank: ExperienceBank, query_keys, query_task, *, min_similarity=None, used_bonus: float = 0.0,
@@ -169,13 +204,13 @@ class Retriever(NamedTuple):
 
 def make_retriever(*, top_k: int = 1, candidates: int = 16, diversity_lambda=0.4, recent_steps=1, demote_p=0.5,
                    min_similarity=None, shared_ties: bool = False, used_bonus: float = 0.0,
-                   credit_bonus: float = 0.0) -> Retriever:
+                   credit_bonus: float = 0.0, select: str = "diversity") -> Retriever:
     """A `Retriever`: `retrieve` with top_k, candidates, diversity_lambda, recent_steps, demote_p,
-    min_similarity and shared_ties bound; `best` (`retrieve_best`) with min_similarity, used_bonus and
+    min_similarity, shared_ties and select bound; `best` (`retrieve_best`) with min_similarity, used_bonus and
     credit_bonus bound (their meaning: those functions' docstrings)."""
     return Retriever(
         retrieve=functools.partial(retrieve, top_k=top_k, candidates=candidates, diversity_lambda=diversity_lambda,
                                    recent_steps=recent_steps, demote_p=demote_p, min_similarity=min_similarity,
-                                   shared_ties=shared_ties),
+                                   shared_ties=shared_ties, select=select),
         best=functools.partial(retrieve_best, min_similarity=min_similarity, used_bonus=used_bonus,
                                credit_bonus=credit_bonus))

@@ -97,7 +97,8 @@ def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, 
         return build_distill_prompt(d.header, (tt, tl), moves, n_moves, (d.outcome[0][i], d.outcome[1][i]),
                                     e, jnp.where(he, el, 0), budget, trajectory_prefix=d.trajectory,
                                     retrieved_prefix=d.retrieved, suffix=d.answer,
-                                    pad_id=rt.tokenizer.pad_id, moves_last=compact)
+                                    pad_id=rt.tokenizer.pad_id, moves_last=compact,
+                                    outcome_last=rt.cfg.extraction.outcome_last)
 
     return jax.vmap(one)(task_tokens, task_len, moves, n_moves, success, exp, exp_len, has_exp)
 

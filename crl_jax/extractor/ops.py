@@ -39,7 +39,7 @@ OP_NAMES = ("add", "update", "return")
 
 def build_distill_prompt(header, goal, trajectory, traj_len, outcome_tokens, retrieved, retrieved_len, budget: int,
                          *, trajectory_prefix=None, retrieved_prefix=None, suffix=None, pad_id: int = 0,
-                         moves_last: bool = False):
+                         moves_last: bool = False, outcome_last: bool = False):
     """-> (prompt [budget] int32, length []). See the module docstring for the layout.
 
     header / goal / outcome_tokens / prefixes / suffix: segments. trajectory [T], traj_len []: the
@@ -48,6 +48,9 @@ def build_distill_prompt(header, goal, trajectory, traj_len, outcome_tokens, ret
     moves_last: header, goal, retrieved, moves, outcome, suffix: with a fixed-width trajectory every move
     sits at a fixed distance from the answer (copying it is one relative-position lookup) and the outcome,
     which decides ADD or RETURN, is the token before the answer (the compact view's layout).
+    outcome_last: the outcome after the answer label, the prompt's last token: the op is then predicted at the
+    outcome's own position (read through the residual stream, no attention needed); the moves keep their
+    distance from the answer (the two tokens between them only swap).
     """
     empty = jnp.zeros((0,), jnp.int32)
     header, goal, outcome = as_segment(header), as_segment(goal), as_segment(outcome_tokens)
@@ -66,6 +69,8 @@ def build_distill_prompt(header, goal, trajectory, traj_len, outcome_tokens, ret
     traj = truncate_left(trajectory, traj_len, budget - used, pad_id=pad_id)
     order = [header, goal, r_pre, ret, t_pre, traj, outcome, suf] if moves_last else \
         [header, goal, t_pre, traj, outcome, r_pre, ret, suf]
+    if outcome_last:
+        order = [s for s in order if s is not outcome] + [outcome]
     return pack_segments(order, size=budget, pad_id=pad_id)
 
 

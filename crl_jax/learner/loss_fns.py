@@ -327,9 +327,10 @@ def extractor_prior_loss(graphdef, params, rows: PriorRows, masks, min_entry: in
 
 
 def extractor_constrained_loss(first_allowed, rest_allowed, *, early_allowed=None, min_entry: int = 0,
-                               eps_low=0.1, eps_high=0.1, temperature=1.0, aux_coef=0.0):
+                               eps_low=0.1, eps_high=0.1, temperature=1.0, aux_coef=0.0, op_weight: float = 1.0):
     """CISPO on responses whose first token is drawn from `first_allowed` [V], the next `min_entry` from
-    `early_allowed` [V] and later ones from `rest_allowed` [V] (the sampler's masks)."""
+    `early_allowed` [V] and later ones from `rest_allowed` [V] (the sampler's masks). `op_weight` scales the
+    op token's term (`losses.op_token_weights`; 1 = the paper's plain token mean)."""
     early_allowed = rest_allowed if early_allowed is None else early_allowed
     masks = (first_allowed, early_allowed, rest_allowed)
 
@@ -345,17 +346,20 @@ def extractor_constrained_loss(first_allowed, rest_allowed, *, early_allowed=Non
                                           min_entry)
             tok, blogp, mask = (jnp.take_along_axis(x, pos, axis=1) for x in (b.tokens, blogp, mask))
             mask = mask & inside
+            off = jnp.broadcast_to(jnp.arange(W)[None], mask.shape)
         else:  # every position but 0 (which no prediction produces; the mask is False there)
             logits = tr.merge(graphdef, params)(b.tokens)[:, :-1]  # predicts positions 1..T-1
             t = jnp.arange(1, T)[None, :]
             allowed = response_allowed_at(first_allowed, early_allowed, rest_allowed,
                                           jnp.maximum(t - start[:, None], 0), min_entry)
             tok, blogp, mask = b.tokens[:, 1:], blogp[:, 1:], mask[:, 1:]
+            off = t - start[:, None]
         lp_all = masked_log_softmax(logits, allowed, temperature)
         logp = jnp.take_along_axis(lp_all, tok[..., None], axis=-1)[..., 0]
         logp = jnp.where(mask, logp, 0.0)
+        tw = None if op_weight == 1.0 else losses.op_token_weights(off, op_weight)
         num, den, metrics = losses.cispo_loss_parts(logp, blogp, b.advantages, mask, eps_low=eps_low,
-                                                    eps_high=eps_high)
+                                                    eps_high=eps_high, token_weight=tw)
         if b.prior is not None and aux_coef:
             aux = extractor_prior_loss(graphdef, params, b.prior, masks, min_entry, temperature)
             num = num + aux_coef * aux * jax.lax.stop_gradient(den)

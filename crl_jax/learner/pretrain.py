@@ -214,6 +214,8 @@ def prior_id(cfg) -> str:
                pretrain={k: v for k, v in dataclasses.asdict(c.pretrain).items()
                          if k not in ("enabled", "aux_coef", "aux_rows", "extractor_aux_rows", "aux_op_weight",
                                       "cache_dir")}, version=PRIOR_VERSION)
+    if c.extraction.outcome_last:  # the distillation layout (only when set: the default's id, and so the
+        key["outcome_last"] = True  # shipped prior, stay unchanged)
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

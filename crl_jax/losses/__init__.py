@@ -28,5 +28,5 @@ from crl_jax.losses.policy import (  # noqa: F401
     log_ratio, sequence_log_ratio, ppo_clip_token_loss, cispo_token_loss, ppo_clipped, cispo_clipped, k3_kl,
     token_entropy, seq_mean_token_mean, token_mean, AGGREGATIONS, masked_mean, clip_fraction, ratio_mean,
     approx_kl, mean_entropy, policy_diagnostics, ppo_clip_loss_parts, ppo_clip_loss, cispo_loss_parts,
-    cispo_loss, row_coefficients, ppo_token_terms, ppo_sequence_terms,
+    cispo_loss, row_coefficients, ppo_token_terms, ppo_sequence_terms, op_token_weights,
 )

@@ -307,15 +307,28 @@ def ppo_clip_loss(logp, behavior_logp, advantages, mask, *, clip_eps: float = 0.
 
 
 def cispo_loss_parts(logp, behavior_logp, advantages, mask, *, eps_low: float = 0.1, eps_high: float = 0.1,
-                     logits=None, entropy_t=None):
-    """`cispo_loss` as (numerator, denominator = number of valid tokens, metrics)."""
+                     logits=None, entropy_t=None, token_weight=None):
+    """`cispo_loss` as (numerator, denominator = number of valid tokens, metrics). `token_weight` [B, T]
+    (default 1) scales each token's term of the numerator, not the denominator (`op_token_weights`)."""
     _check_token_args(logp, behavior_logp, advantages, mask)
     log_r = log_ratio(logp, behavior_logp, mask)
     a = advantages.astype(_F32)[:, None]
-    num, den = token_mean(cispo_token_loss(logp, log_r, a, mask, eps_low, eps_high), mask)
+    per_tok = cispo_token_loss(logp, log_r, a, mask, eps_low, eps_high)
+    if token_weight is not None:
+        chex.assert_equal_shape([token_weight, mask])
+        per_tok = per_tok * token_weight.astype(_F32)
+    num, den = token_mean(per_tok, mask)
     metrics = policy_diagnostics(log_r, cispo_clipped(log_r, eps_low, eps_high), mask, logits=logits,
                                  entropy_t=entropy_t)
     return num, den, metrics
+
+
+def op_token_weights(offset, op_weight):
+    """Per-token weights of an extractor response: `op_weight` on the operation token (response offset 0),
+    1 on the entry tokens after it. With one op token among ~20 copied moves in a token mean, the decision
+    to write gets ~1/20 of a sample's gradient; op_weight > 1 gives it more (our extension). offset [...] int
+    -> [...] float32."""
+    return jnp.where(offset == 0, jnp.asarray(op_weight, _F32), 1.0)
 
 
 def cispo_loss(logp, behavior_logp, advantages, mask, *, eps_low: float = 0.1, eps_high: float = 0.1,
