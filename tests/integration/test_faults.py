@@ -29,7 +29,8 @@ TINY = ["rollout.groups=2", "rollout.group_size=4", "env.max_turns=5", "eval.tas
         "extraction.prompt_len=120", "eval.every=2", "extraction.merge_every=2", "extraction.merge=true",
          "pretrain.actor_steps=20", "pretrain.extractor_steps=20", "pretrain.batch=8",
          "loss.epochs=1", "loss.minibatches=1"]  # one actor update per step: the non-finite counts are per step
-EVAL_COLS = ("eval_heldin_with_exp", "eval_heldin_without_exp", "eval_heldout_with_exp", "eval_heldout_without_exp")
+EVAL_COLS = ("eval_heldin_with_exp", "eval_heldin_without_exp", "eval_heldout_with_exp", "eval_heldout_without_exp",
+             "bank_replay_success")  # measured at evaluation steps
 
 
 def tiny(*extra):
@@ -314,7 +315,7 @@ def test_failed_start_then_corrected_command_and_mismatch_names_keys(tmp_path):
 
 
 OLD_KEYS = {"rollout": {"history": "current", "action_format": "constrained"}, "extraction": {"format": "constrained"},
-            "bank": {"embedder": "hashed", "top_k": 1}}  # removed keys (fixed by the path or single-valued)
+            "bank": {"top_k": 1}}  # removed keys (fixed by the path or single-valued)
 
 
 def _add_old_keys(d):
@@ -330,7 +331,7 @@ def test_a_run_saved_with_removed_keys_resumes_and_restores_with_a_warning(tmp_p
     train(d, 1)
     _add_old_keys(d)
     with pytest.warns(UserWarning, match=r"ignoring rollout\.history, rollout\.action_format, extraction\.format, "
-                                         r"bank\.embedder, bank\.top_k"):
+                                         r"bank\.top_k"):
         train(d, 2)
     assert [r["step"] for r in read_csv(os.path.join(d, "metrics.csv"))] == ["1", "2"]
     assert "history" not in json.loads((d / "config.json").read_text())["rollout"]  # rewritten without them
@@ -524,7 +525,7 @@ def test_a_full_disk_is_one_line_and_the_librarys_error_logs_are_dropped(tmp_pat
 def test_cut_summary_and_killed_export_are_detected(straight, tmp_path, capsys, monkeypatch):
     """A member summary.json cut mid-write counts as unfinished (a sweep computes it again); a bank export killed
     mid-write leaves no file, and a copy cut between complete lines is refused naming the counts."""
-    from crl_jax.infra import atomic
+    from crl_jax import atomic
     from crl_jax.infra.sweep import is_complete
 
     d = _copy_of(straight, tmp_path)

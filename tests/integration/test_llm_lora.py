@@ -190,6 +190,6 @@ def test_dry_run_reports_the_state_memory_of_both_modes():
     sb = d["state_bytes"]
     a = d["actor"]
     assert sb["shared_base"] and sb["used"] == "lora"
-    assert sb["full"] == 2 * (a["param_bytes"] + a["opt_bytes"])
+    assert sb["full"] == 2 * (a["param_bytes"] + a["master_bytes"] + a["opt_bytes"])  # bf16 weights, f32 masters
     assert sb["lora"] == a["param_bytes"] + 2 * (a["adapter_bytes"] + a["adapter_opt_bytes"])
     assert sb["lora"] < sb["full"] / 4
