@@ -40,7 +40,7 @@ PANELS = (
     ("eval_heldout_without_exp", "held-out eval, without experience"),
     ("bank_size", "bank size"),
     ("extractor_reward_mean", "extractor reward"),
-    (ADD_RATES, "extractor ADD rate: on success (solid), on failure (dashed)"),
+    (ADD_RATES, "ADD rate: success (solid), failure (dashed)"),
     ("op_entropy", "extractor op-token entropy (nats)"),
     ("bank_replay_success", "bank entries that replay to success"),
 )
