@@ -31,11 +31,3 @@ def make_master(trainable, dtype=None):
     if all(jnp.dtype(x.dtype) == dt for x in jax.tree_util.tree_leaves(trainable)):
         return None
     return jax.tree_util.tree_map(lambda x: x.astype(dt), trainable)
-
-
-def unchanged_fraction(before, after) -> float:
-    """Fraction of the elements of two same-shaped trees that are bit-equal (how many weights a step left as
-    they were)."""
-    eq = [jnp.sum(a == b) for a, b in zip(jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(after))]
-    n = sum(x.size for x in jax.tree_util.tree_leaves(before))
-    return float(sum(eq)) / n

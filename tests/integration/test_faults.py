@@ -20,6 +20,7 @@ from crl_jax.infra import cli
 from crl_jax.infra.checkpoint import Checkpointer, CheckpointError
 from crl_jax.infra.metrics import read_csv
 from crl_jax.infra.run import RunFolderError, RunLock, run
+from crl_jax.loop import EVAL_KEYS, REPLAY_KEYS
 
 TINY = ["rollout.groups=2", "rollout.group_size=4", "env.max_turns=5", "eval.tasks=4", "checkpoint_every=1",
         "env.num_train_tasks=4", "env.num_eval_tasks=4", "extraction.batch=4", "extraction.buffer_capacity=16",
@@ -29,8 +30,7 @@ TINY = ["rollout.groups=2", "rollout.group_size=4", "env.max_turns=5", "eval.tas
         "extraction.prompt_len=120", "eval.every=2", "extraction.merge_every=2", "extraction.merge=true",
          "pretrain.actor_steps=20", "pretrain.extractor_steps=20", "pretrain.batch=8",
          "loss.epochs=1", "loss.minibatches=1"]  # one actor update per step: the non-finite counts are per step
-EVAL_COLS = ("eval_heldin_with_exp", "eval_heldin_without_exp", "eval_heldout_with_exp", "eval_heldout_without_exp",
-             "bank_replay_success")  # measured at evaluation steps
+EVAL_COLS = EVAL_KEYS + REPLAY_KEYS  # measured at evaluation steps
 
 
 def tiny(*extra):
