@@ -231,11 +231,16 @@ def env_param_types(name: str) -> dict[str, type] | None:
         return None
     module, cls = envs._REGISTRY[name]
     out: dict[str, type] = {}
-    for klass in getattr(importlib.import_module(module), cls).__mro__:
-        if "__init__" not in vars(klass):
+    made = getattr(importlib.import_module(module), cls)
+    # a factory function (`make_room`) names the classes it hands `**kw` to in `param_classes`
+    chain = made.__mro__ if isinstance(made, type) else (made,) + tuple(
+        k for c in made.param_classes for k in c.__mro__)
+    for klass in chain:
+        init = klass if not isinstance(klass, type) else vars(klass).get("__init__")
+        if init is None:
             continue
         more = False
-        for p in inspect.signature(vars(klass)["__init__"]).parameters.values():
+        for p in inspect.signature(init).parameters.values():
             if p.kind is p.VAR_KEYWORD:
                 more = True
             elif p.name != "self" and p.default is not p.empty and p.name not in out:

@@ -7,7 +7,8 @@ The same functions serve every path (built-in envs, host adapters, LLMs) and bot
   GRPO or during warm-up);
 - `query_from_observation` / `query_keys`: the retrieval query = embedding of the task text followed by
   the rendered first observation (new entries are keyed by the same vector, so queries and keys share one
-  space);
+  space); of the task text alone where the env says so (`Env.query_observation`: the room's families,
+  whose first observation names the episode's start cell);
 - `retrieve_entries`: the config's retrieval (bound once: a Runtime's `rt.bank_ops`); one entry (or none,
   below `bank.min_similarity`) per guided rollout.
 """
@@ -31,8 +32,11 @@ def guided_mask(rt, flags, step) -> jax.Array:
     return jnp.broadcast_to(guided, (G, K)) & (step >= cfg.bank.warmup_steps) & flags.uses_bank
 
 
-def query_from_observation(embedder, task_tokens, task_len, obs, obs_len):
-    """[N, D] embeddings (`embedder`: a Runtime's `rt.embedder`) of task text + rendered first observation."""
+def query_from_observation(embedder, task_tokens, task_len, obs, obs_len, *, with_obs: bool = True):
+    """[N, D] embeddings (`embedder`: a Runtime's `rt.embedder`) of task text + rendered first observation
+    (`with_obs=False`, an env's `query_observation`: of the task text alone)."""
+    if not with_obs:
+        obs_len = jnp.zeros_like(obs_len)
     q, q_len = jax.vmap(lambda a, b, c, d: pack_segments([(a, b), (c, d)]))(task_tokens, task_len, obs, obs_len)
     return embedder(q, q_len)
 
@@ -40,7 +44,8 @@ def query_from_observation(embedder, task_tokens, task_len, obs, obs_len):
 def query_keys(embedder, env, renderer, key, tasks, task_tokens, task_len):
     """Retrieval queries [N, D] of episodes played from `key` on a built-in env (its first observations)."""
     obs, obs_len = first_observation(env, renderer, key, tasks)
-    return query_from_observation(embedder, task_tokens, task_len, obs, obs_len)
+    return query_from_observation(embedder, task_tokens, task_len, obs, obs_len,
+                                 with_obs=getattr(env, "query_observation", True))
 
 
 def retrieve_entries(retriever: bank_lib.BankOps | bank_lib.Retriever, bank, key, step, q, guided, *,

@@ -6,6 +6,11 @@ plan does, a measure of what the extractor writes that needs no actor. An entry'
 level whose retrieval query its key matches best (keys are the queries of the episodes they came from, and
 the task text names the level). Everything is a pure function of the bank: jitted inside the loop's
 program, at evaluation steps only (`loop.step_with_eval`).
+
+On an env whose episodes draw their own layouts (`Env.episode_layouts`: the room's families) an entry's
+level is its family, and its plan is replayed on `REPLAY_LAYOUTS` layouts of that family that training never
+draws (`env.for_evaluation()`): `bank_replay_success` is then the mean share over them, i.e. how often a
+written plan works on a fresh layout of its family (a copied plan rarely does: see `envs/families.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from crl_jax.actor.rollout import episode_reset_keys
 from crl_jax.envs.actions import token_to_action
 
 REPLAY_KEY = 4321  # the levels' reset keys (fixed: the replay of a bank never depends on the run's keys)
+REPLAY_LAYOUTS = 4  # fresh layouts per family where episodes draw their own layouts
 
 
 def replay_plan(env, action_ids, task, tokens, length, reset_key) -> jax.Array:
@@ -50,9 +56,14 @@ def replay_share(env, action_ids, bank, level_queries, tasks, reset_keys) -> jax
 
 
 def bank_replay_success(rt, bank) -> jax.Array:
-    """`replay_share` over the training pool of a Runtime of the tiny models on a built-in env."""
+    """`replay_share` over the training pool of a Runtime of the tiny models on a built-in env (on families:
+    its mean over `REPLAY_LAYOUTS` evaluation layouts of each family)."""
     n = rt.env.num_tasks
     tasks = jnp.arange(n, dtype=jnp.int32)
     key = jax.random.key(REPLAY_KEY)
     q = query_keys(rt.embedder, rt.env, rt.renderer, key, tasks, rt.train_task_tokens, rt.train_task_len)
-    return replay_share(rt.env, rt.tiny.action_ids, bank, q, tasks, episode_reset_keys(key, n))
+    if not getattr(rt.env, "episode_layouts", False):
+        return replay_share(rt.env, rt.tiny.action_ids, bank, q, tasks, episode_reset_keys(key, n))
+    env = rt.env.for_evaluation()  # the family's query has no observation: `q` is the same for any layout
+    keys = jnp.stack([episode_reset_keys(jax.random.fold_in(key, i), n) for i in range(REPLAY_LAYOUTS)])
+    return jnp.mean(jax.vmap(lambda k: replay_share(env, rt.tiny.action_ids, bank, q, tasks, k))(keys))

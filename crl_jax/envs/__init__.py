@@ -4,7 +4,8 @@
 
 - `room`: MiniHack Room-5x5 family; params `dark`, `traps`, `monster` (all three: the paper's
   "Ultimate" task), `size=5`, `crop=9` (egocentric 9x9 text view like MiniHack; 0 = the whole room),
-  `max_steps=30`.
+  `max_steps=30`; `families=True` (with `obstacles=3`): task families, one goal cell per family and a
+  layout per episode (`families.py`).
 - `maze`: MazeWalk-style 9x9 maze (`dark=False`, `max_steps=40`).
 - `keyroom`: dark 5x5 room with a locked 2x2 sub-room holding the stairs (`max_steps=50`).
 - `sokoban`: 6x6 room, 2 boxes, 2 targets, reverse-play generation (`max_steps=60`).
@@ -18,7 +19,7 @@ import importlib
 from crl_jax.envs.base import Env, Obs  # noqa: F401
 
 _REGISTRY = {
-    "room": ("crl_jax.envs.room", "Room"),
+    "room": ("crl_jax.envs.families", "make_room"),
     "maze": ("crl_jax.envs.maze", "Maze"),
     "keyroom": ("crl_jax.envs.keyroom", "KeyRoom"),
     "sokoban": ("crl_jax.envs.sokoban", "Sokoban"),

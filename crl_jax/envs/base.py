@@ -126,6 +126,8 @@ class Env:
     action_names: tuple[str, ...] = ()
     env_messages: tuple[str, ...] = ()
     task_text: str = ""
+    query_observation: bool = True  # the retrieval query holds the first observation (after the task text)
+    episode_layouts: bool = False  # each episode draws its own layout from its reset key (not only the task's)
 
     def __init__(self, *, pool: str = "train", num_tasks: int | None = None, pool_seed: int = 0,
                  max_steps: int = 30, eval_permille: int = 200, legend: bool = True):
@@ -189,6 +191,11 @@ class Env:
 
         _, level = jax.lax.while_loop(cond, body, (jnp.int32(0), self.generate(jax.random.fold_in(base, 0))))
         return level
+
+    def for_evaluation(self) -> "Env":
+        """The env the loop's evaluation plays: this one (an env with per-episode layouts returns itself drawing
+        only layouts that training never draws)."""
+        return self
 
     def reset(self, key: jax.Array, task) -> tuple[Any, Obs]:
         state = self.init_state(self.task_level(task), key)

@@ -162,7 +162,8 @@ def prepare(rt: Runtime, state: LoopState, obs=None, obs_len=None) -> Prepared:
     guided = guided_mask(rt, state.flags, state.step).reshape(N)
     if obs is None:
         obs, obs_len = first_observation(rt.env, rt.renderer, k.roll, tasks)
-    q = query_from_observation(rt.embedder, task_tokens, task_len, obs, obs_len)
+    q = query_from_observation(rt.embedder, task_tokens, task_len, obs, obs_len,
+                               with_obs=getattr(rt.env, "query_observation", True))
     bank, slots, exp, exp_len, has_exp = retrieve_entries(rt.bank_ops, state.bank, k.ret, state.step, q, guided)
     return Prepared(tasks, task_tokens, task_len, guided, q, bank, slots, exp, exp_len, has_exp)
 
