@@ -8,6 +8,7 @@
     crl-jax sweep --config SWEEP.yaml --out DIR [--seeds N] [--steps N] [--dry-run]   # seeds x grid, any path
     crl-jax eval DIR                      # evaluate the latest checkpoint of a run folder
     crl-jax demo [--seeds 5] [--methods crl,grpo] [--out runs/demo]   # the README's main job: table + plot
+    crl-jax demo --preset families [--seeds N]                       # the family testbed (docs/USAGE.md)
     crl-jax plot DIR [DIR ...] [--out FILE]
     crl-jax bank show DIR [--task N] [--top N] | crl-jax bank export DIR --out FILE.jsonl
 
@@ -190,8 +191,12 @@ def cmd_pretrain(args):
 def cmd_demo(args):
     from crl_jax.infra.demo import demo
 
+    from crl_jax.infra.demo import preset
+
+    pre_ov, pre_methods = preset(args.preset)
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods else pre_methods
     demo(seeds=args.seeds, first_seed=args.first_seed, out=args.out, steps=args.steps, config=args.config,
-         overrides=args.overrides or [], methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()))
+         overrides=list(pre_ov) + list(args.overrides or []), methods=methods)
 
 
 OVERRIDES_HELP = """overrides:
@@ -282,9 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the embedded default: CRL vs GRPO over seeds, table and plot")
     d.add_argument("--seeds", type=int, default=5, metavar="N", help="how many seeds of every method (default 5)")
     d.add_argument("--first-seed", type=int, default=0, metavar="S", help="seeds S .. S+N-1 (default 0)")
-    d.add_argument("--methods", default="crl,grpo",
+    d.add_argument("--preset", default="default", choices=("default", "families"),
+                   help="default: the embedded default's room, methods crl,grpo; families: the family testbed "
+                        "(experiments/configs/families.yaml: a goal cell per family, a layout per episode), methods "
+                        "crl,grpo,archive,static_online")
+    d.add_argument("--methods", default=None,
                    help="comma-separated methods: crl, grpo, static_online, offline, exp_only, archive, or grpo_scratch (GRPO "
-                        "without the prior); each beyond crl,grpo adds ~30-50%% time, over the 10-minute budget")
+                        "without the prior); default: the preset's; each beyond crl,grpo adds ~30-50%% time, over the "
+                        "10-minute budget")
     d.add_argument("--steps", type=int, default=None, metavar="N",
                    help="training iterations of every run (default: the config's `steps`, 80)")
     d.add_argument("--out", default="runs/demo", help="demo folder: run folders OUT/<method>/seed<N>/, the "

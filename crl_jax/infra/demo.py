@@ -92,6 +92,23 @@ def comparison_table(results: dict[str, list[dict]]) -> str:
 EXTRA_METHODS = {"grpo_scratch": {"method": "grpo", "pretrain.enabled": False}}
 
 
+# `crl-jax demo --preset NAME`: (config overrides, default methods). `families` is experiments/configs/families.yaml
+# as overrides of the embedded default (a test asserts they load the same config), so it runs from an installed
+# package too.
+PRESETS = {
+    "default": ((), ("crl", "grpo")),
+    "families": (("env.params.families=true", "env.params.obstacles=3", "env.num_train_tasks=16",
+                  "env.num_eval_tasks=16", "eval.tasks=64"), ("crl", "grpo", "archive", "static_online")),
+}
+
+
+def preset(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(overrides, methods) of a demo preset."""
+    if name not in PRESETS:
+        raise ConfigError(f"--preset {name!r}: known presets are {sorted(PRESETS)}")
+    return PRESETS[name]
+
+
 def demo(*, seeds: int = 5, first_seed: int = 0, out: str = "runs/demo", steps: int | None = None,
          config: str | None = None, overrides: list[str] = (), methods=("crl", "grpo")) -> dict:
     """Every method over `seeds` seeds from `first_seed` (`crl_jax.infra.sweep`), each run alone with the single-run

@@ -161,3 +161,19 @@ def test_vmapped_equals_single_and_the_goal_solver(env, reset, step):
         one = step(one, acts[t, 3])[0]
     np.testing.assert_array_equal(one.pos, end.pos[3])
     assert bool(one.success) == bool(end.success[3])
+
+
+def test_demo_preset_is_the_families_config():
+    """`crl-jax demo --preset families` runs experiments/configs/families.yaml; the default preset changes nothing."""
+    import os
+
+    from crl_jax.config import load
+    from crl_jax.infra.demo import preset
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ov, methods = preset("families")
+    assert load(None, list(ov)) == load(os.path.join(root, "experiments", "configs", "families.yaml"))
+    assert methods == ("crl", "grpo", "archive", "static_online")
+    assert preset("default") == ((), ("crl", "grpo"))
+    cfg = load(None, list(ov))
+    assert cfg.env.params["families"] and cfg.env.num_train_tasks == 16 and cfg.eval.tasks == 64
