@@ -105,17 +105,11 @@ def actor_rows(rt, key, n: int, only_tips: bool = False) -> PriorRows:
         t = jax.random.randint(ks[1], (), 0, T)
         plan, plen = _random_plan(rt, ks[2], min(T, rt.cfg.bank.entry_len))
         has = jax.random.uniform(ks[3]) < tip_p
-        raw_obs = _random_obs(rt, ks[4])
-        move = plan[jnp.minimum(t, plan.shape[0] - 1)]
-        tip_target = jnp.zeros((V,), jnp.float32).at[move].set(1.0)
-        shown = has & (t < plen)
-        if forms:  # half the tips name a cell to go to (a FACT tip, shown at every turn)
-            kf1, kf2 = jax.random.split(jax.random.fold_in(k, 5))
-            fact = jax.random.uniform(kf1) < prior_forms.FACT_TIP_P
-            f_entry, f_len, f_obs, f_target = prior_forms.goto_row(rt, kf2)
-            plan, plen = jnp.where(fact, f_entry, plan), jnp.where(fact, f_len, plen)
-            raw_obs = jax.tree_util.tree_map(lambda a, b: jnp.where(fact, a, b), f_obs, raw_obs)
-            tip_target = jnp.where(fact, f_target, tip_target)
+        raw_obs, shown = _random_obs(rt, ks[4]), has & (t < plen)
+        tip_target = jnp.zeros((V,), jnp.float32).at[plan[jnp.minimum(t, plan.shape[0] - 1)]].set(1.0)
+        if forms:  # some tips name a cell to go to (a FACT tip, shown at every turn: `prior_forms.goto_row`)
+            fact, (plan, plen, raw_obs, tip_target) = prior_forms.maybe_goto(rt, jax.random.fold_in(k, 5), plan, plen,
+                                                                             raw_obs, tip_target)
             shown = has & (fact | (t < plen))
         obs, obs_len = rt.renderer(raw_obs)
         prompt, length = build_prompt(tt[task], tl[task], plan, plen, has, rt.tiny.seg, t, obs, obs_len,
@@ -138,8 +132,7 @@ def _response(rt, op_token, entry, entry_len, budget: int, form_token=None):
     """[budget] = op token, [form token,] entry[:entry_len], EOS (cut to the budget) -> (tokens, length)."""
     eos = jnp.asarray([rt.tokenizer.eos_id], jnp.int32)
     form = [] if form_token is None else [(form_token[None], jnp.int32(1))]
-    return pack_segments([(op_token[None], jnp.int32(1))] + form + [(entry, entry_len), (eos, jnp.int32(1))],
-                         size=budget)
+    return pack_segments([(op_token[None], jnp.int32(1)), *form, (entry, entry_len), (eos, jnp.int32(1))], size=budget)
 
 
 def extractor_rows(rt, key, n: int, op_weight: float = 1.0) -> PriorRows:
@@ -160,20 +153,16 @@ def extractor_rows(rt, key, n: int, op_weight: float = 1.0) -> PriorRows:
     old, old_len = jax.vmap(lambda k: _random_plan(rt, k, L))(jax.random.split(ks[3], n))
     has_old = jax.random.bernoulli(ks[4], 0.5, (n,))
     ep = _Moves(action_tokens=moves_t, turns=n_moves)
-    forms = rt.tiny.form_ids is not None
-    end_cell = form = None
-    if forms:  # write the moves or the end cell (shown after the moves), the form uniform (left to RL)
-        end_cell, form, entry, entry_len = prior_forms.form_response_parts(rt, jax.random.fold_in(key, 7), n, moves,
-                                                                           n_moves)
+    forms = rt.tiny.form_ids is not None  # write the moves or the end cell (shown after the moves), the form uniform
+    end_cell, form, entry, entry_len = (prior_forms.form_response_parts(rt, jax.random.fold_in(key, 7), n, moves,
+                                                                        n_moves) if forms else
+                                        (None, None, moves, n_moves))
     prompts, plen = distill_prompts(rt, tt[task], tl[task], ep, ok, old, jnp.where(has_old, old_len, 0), has_old,
                                     end_cell)
     # The op token written in the teacher-forced sequence: ADD, or UPDATE half the time with an old tip.
     upd = has_old & jax.random.bernoulli(ks[5], 0.5, (n,))
     op_tok = jnp.where(upd, rt.tiny.op_ids[UPDATE], rt.tiny.op_ids[ADD])
-    if forms:
-        resp, rlen = jax.vmap(lambda o, f, m, k: _response(rt, o, m, k, R, f))(op_tok, form, entry, entry_len)
-    else:
-        resp, rlen = jax.vmap(lambda o, m, k: _response(rt, o, m, k, R))(op_tok, moves, n_moves)
+    resp, rlen = jax.vmap(lambda o, m, k, f: _response(rt, o, m, k, R, f))(op_tok, entry, entry_len, form)
     toks, start, hard = jax.vmap(lambda p, pl, r, rl: _teacher_forced(p, pl, r, rl, prompts.shape[1] + R))(
         prompts, plen, resp, rlen)
     target = jnp.zeros((n, V), jnp.float32).at[:, rt.tiny.op_ids[ADD]].set(1.0).at[:, rt.tiny.op_ids[RETURN]].set(1.0)

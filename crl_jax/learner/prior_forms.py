@@ -94,6 +94,15 @@ def goto_row(rt, key):
     return entry, n, obs, jnp.zeros((rt.vocab_size,), jnp.float32).at[t.action_ids].set(p)
 
 
+def maybe_goto(rt, key, plan, plen, obs, target):
+    """One actor row's tip made a FACT tip with probability `FACT_TIP_P` -> (fact [] bool, (plan, plen, obs,
+    target)): the `goto_row` ones where fact, else the given plan [L], length, observation and target [V]."""
+    k1, k2 = jax.random.split(key)
+    fact = jax.random.uniform(k1) < FACT_TIP_P
+    return fact, jax.tree_util.tree_map(lambda a, b: jnp.where(fact, a, b), goto_row(rt, k2),
+                                        (plan, plen, obs, target))
+
+
 def form_response_parts(rt, key, n: int, moves, n_moves):
     """The forms of `n` synthetic extractor rows: (end cells [n, 2] tokens for the prompt, form token [n], entry
     [n, L], length [n]): FACT (the end cell) or MOVES (a copy of `moves` [n, L] / `n_moves` [n]), half each."""

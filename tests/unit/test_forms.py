@@ -130,12 +130,17 @@ def test_goto_targets_on_a_literal_grid():
     assert np.asarray(prior_forms.goto_moves(jnp.asarray(g), jnp.asarray([0, 0]), deltas, is_move)).sum() == 0
 
 
+def _rows(fn, rt, seed, n):
+    """`fn(rt, key(seed), n)` jitted (the eager vmap of a row builder is slow)."""
+    return jax.jit(lambda k: fn(rt, k, n))(jax.random.key(seed))
+
+
 def test_prior_rows_teach_both_forms_and_never_pair_a_level_with_a_fact(rt):
     """Every fact the data shows (a FACT tip, an end cell) is drawn independently of the row's level token:
     the data does not change with the level pools, and no level token comes with one fact only."""
     other = build(load(None, MICRO + ["env.pool_seed=7"]))
     for fn in (pretrain.actor_rows, pretrain.extractor_rows):
-        ra, rb = fn(rt, jax.random.key(3), 32), fn(other, jax.random.key(3), 32)
+        ra, rb = _rows(fn, rt, 3, 32), _rows(fn, other, 3, 32)
         for x, y in zip(jax.tree_util.tree_leaves(ra), jax.tree_util.tree_leaves(rb)):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     tok = rt.tokenizer
@@ -143,7 +148,7 @@ def test_prior_rows_teach_both_forms_and_never_pair_a_level_with_a_fact(rt):
     rows, cols = set(np.asarray(rt.tiny.row_ids).tolist()), set(np.asarray(rt.tiny.col_ids).tolist())
     tip, fact_id = tok.extra_id("<TIP>"), tok.extra_id("<FACT>")
     seen = {}
-    ar = pretrain.actor_rows(rt, jax.random.key(0), 512)
+    ar = _rows(pretrain.actor_rows, rt, 0, 512)
     n_fact = 0
     for i in range(512):
         t = np.asarray(ar.tokens[i])[: int(ar.lengths[i])].tolist()
@@ -153,7 +158,7 @@ def test_prior_rows_teach_both_forms_and_never_pair_a_level_with_a_fact(rt):
             seen.setdefault(t[0], set()).add(cell)
             tgt = np.asarray(ar.target[i])
             assert tgt.sum() == 0 or abs(tgt.sum() - 1) < 1e-6
-    er = pretrain.extractor_rows(rt, jax.random.key(1), 256)
+    er = _rows(pretrain.extractor_rows, rt, 1, 256)
     forms = {"<MOVES>": 0, "<FACT>": 0}
     for i in range(256):
         t = np.asarray(er.tokens[i]).tolist()
