@@ -178,6 +178,11 @@ class ExtractorConfig:
     op_explore: float = 0.0  # tiny path: the op token is drawn from (1 - this) * policy + this * uniform over the
     #                          ops (exploration: every op keeps >= this/3 probability, so a collapsed extractor
     #                          still tries ADD; behaviour log-probs are the mixture's); 0 = off (the paper)
+    forms: bool = False  # tiny path, compact view: after the op token the extractor picks the entry's form, <MOVES>
+    #                      (the episode's moves, at most max_new_tokens - 2 of them) or <FACT> (the episode's end
+    #                      cell as <r{i}> <c{j}>, which the actor's tip then shows at every turn); the form is
+    #                      sampled and trained like the op token, and the prior teaches both forms and "go to the
+    #                      named cell" (our extension, METHOD.md §6); false: entries are moves (the paper's path)
 
 
 @dataclass(frozen=True)
@@ -294,7 +299,7 @@ class DistributedConfig:
 
 @dataclass(frozen=True)
 class Config:
-    method: Literal["crl", "grpo", "static_online", "offline", "exp_only", "archive"] = "crl"  # METHOD.md §4
+    method: Literal["crl", "grpo", "static_online", "offline", "exp_only", "archive", "oracle_archive"] = "crl"  # §4
     seed: int = 0  # run key = jax.random.key(seed)
     steps: int = 80  # training iterations
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -330,11 +335,15 @@ class Config:
 
     @property
     def edits_bank(self) -> bool:
-        return self.method in ("crl", "static_online", "exp_only", "archive")
+        return self.method in ("crl", "static_online", "exp_only", "archive", "oracle_archive")
 
     @property
-    def archives(self) -> bool:  # the bank's writes are the successful episodes' moves, no extractor call
-        return self.method == "archive"
+    def archives(self) -> bool:  # the bank's writes are the successful episodes' moves (or end cells), no extractor
+        return self.method in ("archive", "oracle_archive")
+
+    @property
+    def oracle(self) -> bool:  # archive's entries are the successful episodes' end cells (FACT entries)
+        return self.method == "oracle_archive"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -388,5 +388,16 @@ def validate(cfg) -> None:
          f">= bank.entry_len + 5 at the least")
     need(cfg.method != "archive" or cfg.actor.preset == "tiny", "method",
          "archive stores the episodes' moves as plans of action tokens: it needs the tiny models (actor.preset=tiny)")
+    forms = cfg.extraction.forms
+    need(not forms or (cfg.extractor.preset == "tiny" and cfg.actor.preset == "tiny"), "extraction.forms",
+         "the entry forms are the tiny models' constrained answers: set actor.preset and extractor.preset to tiny")
+    need(not forms or cfg.rollout.view == "compact", "extraction.forms",
+         "a FACT entry is the compact view's <r{i}> <c{j}> cell: set rollout.view=compact")
+    need(not forms or not cfg.extraction.merge, "extraction.forms",
+         "the tiny merge copies plans of moves only: set extraction.merge=false")
+    need(not forms or cfg.rollout.tip_window >= 2, "extraction.forms",
+         "a FACT tip (a row and a column token) is shown next to the action prompt: set rollout.tip_window >= 2")
+    need(cfg.method != "oracle_archive" or forms, "method",
+         "oracle_archive writes FACT entries (end cells), which the actor reads only with extraction.forms=true")
     if cfg.method == "offline":
         need(bool(cfg.bank.offline_path), "bank.offline_path", "method=offline needs a bank file")

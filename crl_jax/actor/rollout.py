@@ -50,6 +50,9 @@ class Segments(NamedTuple):
     act: jax.Array  # [La] e.g. "Action: "
     act_len: jax.Array
     tip_window: int = 0  # >0: show entry[t : t + tip_window] at turn t, right before the action prompt
+    # `extraction.forms`: the row tokens [H] a FACT entry (`<r{i}> <c{j}>`) starts with; such a tip shows the
+    # cell at every turn (None: every entry is a plan of moves)
+    fact_rows: jax.Array | None = None
 
 
 class Episodes(NamedTuple):
@@ -62,6 +65,7 @@ class Episodes(NamedTuple):
     reward: jax.Array  # [N] float32 return of the episode
     success: jax.Array  # [N] bool
     turns: jax.Array  # [N] int32 turns played
+    end_cell: jax.Array | None = None  # [N, 2] int32 the compact view's <r> <c> tokens of the last state (forms)
 
 
 def last_logits(graphdef, params, tokens, lengths):
@@ -81,7 +85,8 @@ def build_prompt(task, task_len, exp, exp_len, has_exp, seg: Segments, turn, obs
 
     `seg.tip_window` = 0: the whole entry after the task text. W > 0: the plan from the current turn on,
     entry[turn : turn + W], right before the action prompt (nothing once the plan is used up), so the
-    move to play now is always the token after the tip marker.
+    move to play now is always the token after the tip marker. With `seg.fact_rows` a FACT entry (a cell,
+    `crl_jax.extractor.forms`) is shown whole at every turn: `<TIP> <r{i}> <c{j}>`.
     """
     z = jnp.int32(0)
     W = seg.tip_window
@@ -89,6 +94,10 @@ def build_prompt(task, task_len, exp, exp_len, has_exp, seg: Segments, turn, obs
         L = exp.shape[0]
         shown = jnp.take(exp, jnp.clip(turn + jnp.arange(W), 0, L - 1))
         shown_len = jnp.clip(exp_len - turn, 0, W).astype(jnp.int32)
+        if seg.fact_rows is not None:
+            fact = (exp[0] == seg.fact_rows).any() & (exp_len >= 2)
+            shown = jnp.where(fact, jnp.take(exp, jnp.clip(jnp.arange(W), 0, L - 1)), shown)
+            shown_len = jnp.where(fact, 2, shown_len).astype(jnp.int32)
         use = has_exp & (shown_len > 0)
         tip = [(seg.exp_prefix, jnp.where(use, seg.exp_prefix_len, z)), (shown, jnp.where(use, shown_len, z)),
                (seg.exp_suffix, jnp.where(use, seg.exp_suffix_len, z))]
@@ -148,7 +157,7 @@ def sample_turn(graphdef, params, seg: Segments, allowed, action_ids, k_play, t,
 def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tasks,
          task_tokens, task_len, exp, exp_len, has_exp, num_turns: int, temperature: float,
          turn_marker: bool = True, reset_keys=None, share_prefix: bool = False,
-         prefix_block: int | None = None, turn_block: int = 0) -> Episodes:
+         prefix_block: int | None = None, turn_block: int = 0, end_cell: bool = False) -> Episodes:
     """Play N episodes. tasks [N] int32 (pool indices), task_tokens [N, Lt], exp [N, L], has_exp [N].
 
     action_ids [A]: the token of each action (the constrained action vocabulary).
@@ -162,6 +171,8 @@ def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tas
     turn_block > 0 (`rollout.turn_block`): each turn's forward skips the episodes that have ended and runs the
     others this many rows at a time, each block only as wide as its longest prompt (`sample_turn`); the played
     turns' log-probs equal the one-batch forward's up to float32 order.
+    end_cell: also return each episode's last cell as the compact renderer's `<r> <c>` tokens (`Episodes.end_cell`,
+    what a FACT entry holds; `extraction.forms`).
     Returns `Episodes` with T = num_turns turns.
     """
     chex.assert_rank([tasks, task_tokens, exp, has_exp], [1, 2, 2, 1])
@@ -191,10 +202,17 @@ def play(graphdef, params, env, renderer, seg: Segments, action_ids, key, *, tas
         return (new_states, done, ret, succ), out
 
     init = (states, jnp.zeros((N,), bool), jnp.zeros((N,), jnp.float32), jnp.zeros((N,), bool))
-    (_, _, ret, succ), (pr, pl, tok, act, lp, active) = jax.lax.scan(turn_fn, init, jnp.arange(num_turns))
+    (last, _, ret, succ), (pr, pl, tok, act, lp, active) = jax.lax.scan(turn_fn, init, jnp.arange(num_turns))
     sw = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731  [T, N, ...] -> [N, T, ...]
     return Episodes(prompts=sw(pr), prompt_len=sw(pl), action_tokens=sw(tok), actions=sw(act), logp=sw(lp),
-                    active=sw(active), reward=ret, success=succ, turns=active.sum(0).astype(jnp.int32))
+                    active=sw(active), reward=ret, success=succ, turns=active.sum(0).astype(jnp.int32),
+                    end_cell=end_cells(renderer, last) if end_cell else None)
+
+
+def end_cells(renderer, states):
+    """[N, 2] int32: the `<r{i}> <c{j}>` tokens of states [N] (the first two of the compact view; finished
+    episodes are absorbing, so the final states hold where each episode ended)."""
+    return jax.vmap(renderer)(states)[0][:, :2]
 
 
 def episode_reset_keys(key, n: int):

@@ -55,7 +55,7 @@ from crl_jax.envs.render import TokenRenderer
 from crl_jax.extractor.buffer import BufferOps, make_buffer_ops
 from crl_jax.extractor.merge_step import MergePieces, Piece
 from crl_jax.learner import train_state as ts
-from crl_jax.learner.loss_fns import TurnBatch
+from crl_jax.learner.loss_fns import TurnBatch, response_allowed_at
 from crl_jax.models import transformer as tr
 from crl_jax.models.embed import HashedNgramEmbedder
 from crl_jax.models.text_embed import SentenceEncoder, TextKeyEmbedder
@@ -121,26 +121,37 @@ class TinyParts:
     vocab_size: int
     eos_id: int
     min_entry: int  # extraction.min_entry: entry tokens an extractor response must write before it may stop
+    # extraction.forms (`crl_jax.extractor.forms`): the form tokens (<MOVES>, <FACT>) [2] and the compact view's
+    # row [H] and column [W] tokens a FACT entry is written in; None without the option
+    form_ids: jax.Array | None = None
+    row_ids: jax.Array | None = None
+    col_ids: jax.Array | None = None
 
-    def response_masks(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def response_masks(self) -> tuple[jax.Array, ...]:
         """Extractor responses (distillation and merge): first token an operation, then `min_entry` entry
         tokens (actions only), then actions, operations (each starts / ends an entry) or EOS
-        -> (first [V], early [V], rest [V]) bool."""
-        return response_masks(self.vocab_size, self.op_ids, self.action_ids, self.eos_id)
+        -> (first [V], early [V], rest [V]) bool. With the entry forms the form token follows the op token and
+        the entry tokens are actions, rows or columns -> (first, early, rest, form [V])."""
+        cells = None if self.form_ids is None else jnp.concatenate([self.row_ids, self.col_ids])
+        return response_masks(self.vocab_size, self.op_ids, self.action_ids, self.eos_id, self.form_ids, cells)
 
     def response_allowed(self, num_tokens: int) -> jax.Array:
         """[num_tokens, V] per-step mask for the sampler."""
-        first, early, rest = self.response_masks()
-        off = jnp.arange(num_tokens)[:, None]
-        m = self.min_entry
-        return jnp.where(off == 0, first[None], jnp.where(off <= m, early[None], rest[None]))
+        masks = self.response_masks()
+        off = jnp.arange(num_tokens)
+        return response_allowed_at(*masks[:3], off, self.min_entry, *masks[3:])
 
 
-def response_masks(vocab_size, op_ids, action_ids, eos_id):
-    """(first [V], early [V], rest [V]) bool masks of extractor responses (see `TinyParts.response_masks`)."""
+def response_masks(vocab_size, op_ids, action_ids, eos_id, form_ids=None, cell_ids=None):
+    """(first [V], early [V], rest [V]) bool masks of extractor responses (see `TinyParts.response_masks`);
+    with `form_ids` [2] (and the entry's extra tokens `cell_ids`) also the form position's mask: a 4-tuple."""
     first = jnp.zeros((vocab_size,), bool).at[op_ids].set(True)
     early = jnp.zeros((vocab_size,), bool).at[action_ids].set(True)
-    return first, early, first.at[action_ids].set(True).at[eos_id].set(True)
+    if form_ids is None:
+        return first, early, first.at[action_ids].set(True).at[eos_id].set(True)
+    early = early.at[cell_ids].set(True)
+    form = jnp.zeros((vocab_size,), bool).at[form_ids].set(True)
+    return first, early, (first | early).at[eos_id].set(True), form
 
 
 @dataclass(frozen=True, eq=False)

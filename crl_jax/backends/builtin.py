@@ -27,7 +27,8 @@ def play_episodes(rt, state, p, key):
                 tasks=p.tasks, task_tokens=p.task_tokens, task_len=p.task_len, exp=p.exp, exp_len=p.exp_len,
                 has_exp=p.has_exp, num_turns=rt.num_turns, temperature=rt.cfg.actor.temperature,
                 turn_marker=rt.cfg.rollout.turn_marker, share_prefix=rt.cfg.rollout.share_prefix,
-                prefix_block=rt.cfg.rollout.groups, turn_block=rt.cfg.rollout.turn_block)
+                prefix_block=rt.cfg.rollout.groups, turn_block=rt.cfg.rollout.turn_block,
+                end_cell=rt.cfg.extraction.forms)
 
 
 def extractor_batch(rt, buffer, step, ready, key):

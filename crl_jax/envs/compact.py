@@ -35,18 +35,24 @@ def grid_shape(env) -> tuple[int, int]:
     return tuple(int(d) for d in probe_obs(env).grid.shape)
 
 
-def compact_vocabulary(num_train: int, num_eval: int, num_turns: int, grid: tuple[int, int]) -> tuple[str, ...]:
-    """The extra tokens of the compact view: levels of both pools, turns, rows, columns, prompt markers."""
+def compact_vocabulary(num_train: int, num_eval: int, num_turns: int, grid: tuple[int, int],
+                       forms: bool = False) -> tuple[str, ...]:
+    """The extra tokens of the compact view: levels of both pools, turns, rows, columns, prompt markers
+    (and, with `forms`, the FACT form marker last: the other tokens keep their ids)."""
     h, w = grid
     return (tuple(f"<L{i}>" for i in range(num_train)) + tuple(f"<E{i}>" for i in range(num_eval))
             + tuple(f"<t{i}>" for i in range(num_turns)) + tuple(f"<r{i}>" for i in range(h))
-            + tuple(f"<c{i}>" for i in range(w)) + MARKERS)
+            + tuple(f"<c{i}>" for i in range(w)) + MARKERS + (FORM_MARKERS if forms else ()))
 
 
 # Prompt markers of the compact layouts (actor: tip, action; extractor: distil, moves, outcomes, old tip,
 # answer; merge: header, separator, context, entries, answer).
 MARKERS = ("<TIP>", "<ACT>", "<DISTIL>", "<MOVES>", "<FAIL>", "<SUCC>", "<OLD>", "<OP>", "<MERGE>", "<SEP>",
            "<CTX>", "<TIPS>", "<MERGED>")
+# The entry forms (`extraction.forms`): <MOVES> (a marker of the default vocabulary) writes the moves, <FACT>
+# (added only with the option, so the default vocabulary is unchanged) the episode's end cell.
+FORMS = ("<MOVES>", "<FACT>")
+FORM_MARKERS = ("<FACT>",)
 
 
 @dataclass(frozen=True, eq=False)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from crl_jax import bank as bank_lib
 from crl_jax.extractor import buffer as buffer_lib
+from crl_jax.extractor.forms import FACT, parse_form
 from crl_jax.extractor.ops import build_distill_prompt, parse_constrained
 from crl_jax.models import transformer as tr
 from crl_jax.sampling import SamplerConfig, sample_tokens
@@ -64,6 +65,7 @@ class DistillOut(NamedTuple):
     adds: jax.Array | None = None  # [N] int32 ADDs written from each episode (the outcome-split op rates)
     updates: jax.Array | None = None  # [N] int32 UPDATEs written from each episode
     op_entropy: jax.Array = jnp.float32(jnp.nan)  # [] mean entropy of the op token over the distilled episodes
+    facts: jax.Array | None = None  # [N] int32 FACT entries written from each episode (`extraction.forms`)
 
 
 def store_invalid(rt, buffer, invalid, prompts, plen, resp, rlen, logp, key, step):
@@ -78,11 +80,13 @@ def store_invalid(rt, buffer, invalid, prompts, plen, resp, rlen, logp, key, ste
     return buffer, jnp.sum(stored).astype(jnp.int32)
 
 
-def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, has_exp):
+def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, has_exp, end_cell=None):
     """Per-episode distillation prompts [N, P] and lengths [N] (trajectory truncated from the left).
 
     Compact view: the moves are a fixed-width block of T tokens (PAD after the last move) right before
-    the answer, so the entry's j-th token copies the block's j-th token at a fixed distance."""
+    the answer, so the entry's j-th token copies the block's j-th token at a fixed distance.
+    `end_cell` [N, 2] (`extraction.forms`): the episode's end cell `<r> <c>`, right after the moves (what a
+    FACT entry copies; the moves alone do not say where the episode ended)."""
     d = rt.tiny.distill
     budget = rt.cfg.extraction.prompt_len
     compact = rt.cfg.rollout.view == "compact"
@@ -92,15 +96,15 @@ def distill_prompts(rt, task_tokens, task_len, episodes, success, exp, exp_len, 
         moves = jnp.where(jnp.arange(T)[None] < n_moves[:, None], moves, rt.tokenizer.pad_id)
         n_moves = jnp.full_like(n_moves, T)
 
-    def one(tt, tl, moves, n_moves, ok, e, el, he):
+    def one(tt, tl, moves, n_moves, ok, e, el, he, end):
         i = ok.astype(jnp.int32)
         return build_distill_prompt(d.header, (tt, tl), moves, n_moves, (d.outcome[0][i], d.outcome[1][i]),
                                     e, jnp.where(he, el, 0), budget, trajectory_prefix=d.trajectory,
                                     retrieved_prefix=d.retrieved, suffix=d.answer,
                                     pad_id=rt.tokenizer.pad_id, moves_last=compact,
-                                    outcome_last=rt.cfg.extraction.outcome_last)
+                                    outcome_last=rt.cfg.extraction.outcome_last, end_cell=end)
 
-    return jax.vmap(one)(task_tokens, task_len, moves, n_moves, success, exp, exp_len, has_exp)
+    return jax.vmap(one)(task_tokens, task_len, moves, n_moves, success, exp, exp_len, has_exp, end_cell)
 
 
 def op_entropy(logits, op_ids, temperature: float, mask) -> jax.Array:
@@ -174,14 +178,22 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     `return_value` / `return_ok` [N]: the reward of a RETURN per episode (`credit.return_values`); with
     `extraction.return_samples > 0` that many RETURN decisions are stored with it (module docstring)."""
     cfg = rt.cfg
-    prompts, plen = distill_prompts(rt, task_tokens, task_len, episodes, episodes.success, exp, exp_len, has_exp)
+    forms = cfg.extraction.forms
+    prompts, plen = distill_prompts(rt, task_tokens, task_len, episodes, episodes.success, exp, exp_len, has_exp,
+                                    episodes.end_cell if forms else None)
     scfg = SamplerConfig(max_new_tokens=cfg.extraction.max_new_tokens, temperature=cfg.extraction.temperature,
                          stop_tokens=(rt.tokenizer.eos_id,), pad_id=rt.tokenizer.pad_id,
                          first_mix=cfg.extraction.op_explore)
     allowed = rt.tiny.response_allowed(cfg.extraction.max_new_tokens)[None]
     resp, logp, rlen = sample_tokens(rt.extractor_graphdef, eparams, prompts, plen, key, scfg, allowed)
-    chosen, entry, entry_len, valid = jax.vmap(
-        lambda r, n: parse_constrained(r, n, rt.tiny.op_ids, rt.tokenizer.eos_id, cfg.bank.entry_len))(resp, rlen)
+    if forms:
+        t = rt.tiny
+        chosen, form, entry, entry_len, valid = jax.vmap(
+            lambda r, n: parse_form(r, n, t.op_ids, t.form_ids, t.action_ids, t.row_ids, t.col_ids,
+                                    rt.tokenizer.eos_id, cfg.bank.entry_len))(resp, rlen)
+    else:
+        chosen, entry, entry_len, valid = jax.vmap(
+            lambda r, n: parse_constrained(r, n, rt.tiny.op_ids, rt.tokenizer.eos_id, cfg.bank.entry_len))(resp, rlen)
     target = update_targets(bank, has_exp, slots)
     op = resolve_ops(chosen, target, cfg.extraction.update_unretrieved)
     writes = mask & valid & ((op == ADD) | ((op == UPDATE) & target))
@@ -209,4 +221,5 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     ent = op_entropy(first, rt.tiny.op_ids, cfg.extraction.temperature, mask)
     return DistillOut(bank, buffer, n_add, n_update, jnp.sum(mask) - n_add - n_update - n_invalid, n_invalid,
                       n_failed, n_ret_trained, jnp.sum(mask & valid & (chosen == UPDATE) & ~has_exp), n_inv_trained,
-                      (writes & (op == ADD)).astype(jnp.int32), (writes & (op == UPDATE)).astype(jnp.int32), ent)
+                      (writes & (op == ADD)).astype(jnp.int32), (writes & (op == UPDATE)).astype(jnp.int32), ent,
+                      (writes & (form == FACT)).astype(jnp.int32) if forms else None)

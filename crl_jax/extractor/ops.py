@@ -39,7 +39,7 @@ OP_NAMES = ("add", "update", "return")
 
 def build_distill_prompt(header, goal, trajectory, traj_len, outcome_tokens, retrieved, retrieved_len, budget: int,
                          *, trajectory_prefix=None, retrieved_prefix=None, suffix=None, pad_id: int = 0,
-                         moves_last: bool = False, outcome_last: bool = False):
+                         moves_last: bool = False, outcome_last: bool = False, end_cell=None):
     """-> (prompt [budget] int32, length []). See the module docstring for the layout.
 
     header / goal / outcome_tokens / prefixes / suffix: segments. trajectory [T], traj_len []: the
@@ -51,6 +51,8 @@ def build_distill_prompt(header, goal, trajectory, traj_len, outcome_tokens, ret
     outcome_last: the outcome after the answer label, the prompt's last token: the op is then predicted at the
     outcome's own position (read through the residual stream, no attention needed); the moves keep their
     distance from the answer (the two tokens between them only swap).
+    end_cell: a segment right after the trajectory (`extraction.forms`: the episode's end cell, which a FACT
+    entry copies); None: no such segment.
     """
     empty = jnp.zeros((0,), jnp.int32)
     header, goal, outcome = as_segment(header), as_segment(goal), as_segment(outcome_tokens)
@@ -60,7 +62,8 @@ def build_distill_prompt(header, goal, trajectory, traj_len, outcome_tokens, ret
     ret = as_segment((retrieved, retrieved_len))
     has_ret = ret[1] > 0
     r_pre = (r_pre[0], jnp.where(has_ret, r_pre[1], 0))
-    fixed = [header, goal, t_pre, outcome, r_pre, ret, suf]
+    end = as_segment(end_cell if end_cell is not None else empty)
+    fixed = [header, goal, t_pre, outcome, r_pre, ret, suf] + ([end] if end_cell is not None else [])
     need = sum(capacity(s) for s in fixed)
     if need > budget:
         raise ValueError(f"build_distill_prompt: budget {budget} < {need} tokens needed by the header, goal, "
@@ -69,6 +72,8 @@ def build_distill_prompt(header, goal, trajectory, traj_len, outcome_tokens, ret
     traj = truncate_left(trajectory, traj_len, budget - used, pad_id=pad_id)
     order = [header, goal, r_pre, ret, t_pre, traj, outcome, suf] if moves_last else \
         [header, goal, t_pre, traj, outcome, r_pre, ret, suf]
+    if end_cell is not None:
+        order.insert(next(j for j, x in enumerate(order) if x is traj) + 1, end)
     if outcome_last:
         order = [s for s in order if s is not outcome] + [outcome]
     return pack_segments(order, size=budget, pad_id=pad_id)

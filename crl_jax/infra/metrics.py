@@ -31,6 +31,14 @@ EXTRA = ("success_all", "retrieved_frac", "episode_turns", "ops_add", "ops_updat
          "actor/approx_kl", "actor/entropy", "extractor/ratio_mean", "actor/nonfinite", "extractor/nonfinite",
          "ops_return_trained", "ops_update_unretrieved", "ops_invalid_trained") + LEARNING
 ALL_COLUMNS = COLUMNS + EXTRA
+# Columns of runs with an option on only (the entry forms, `extraction.forms`): a run's file has them when its
+# rows do, so other runs' files are unchanged
+OPTIONAL = ("forms_fact", "forms_fact_share")
+
+
+def columns_of(rows) -> tuple[str, ...]:
+    """The CSV columns of a run whose rows are `rows`: `ALL_COLUMNS`, then the `OPTIONAL` ones its rows hold."""
+    return ALL_COLUMNS + tuple(c for c in OPTIONAL if rows and c in rows[0])
 
 
 def rows_from_chunk(metrics: dict, first_step: int) -> list[dict]:
@@ -85,25 +93,32 @@ class MetricsWriter:
             # (complete against the file's own header: a run written before a column was added keeps its rows,
             # the new column empty)
             keep = [r for r in reader if _complete(r, reader.fieldnames or ()) and int(r["step"]) <= step]
+        cols = columns_of(keep)
         tmp = self.path + ".tmp"
         with open(tmp, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(ALL_COLUMNS)
+            w.writerow(cols)
             for r in keep:
-                w.writerow([r.get(c, "") for c in ALL_COLUMNS])
+                w.writerow([r.get(c, "") for c in cols])
         os.replace(tmp, self.path)  # a kill during the rewrite leaves the old file, never half of it
 
     def write(self, rows: list[dict]) -> None:
         new = not os.path.exists(self.path)
+        if new:
+            cols = columns_of(rows)
+        else:  # a resumed run keeps the optional columns its file has
+            with open(self.path, newline="") as f:
+                header = next(csv.reader(f), ())
+            cols = ALL_COLUMNS + tuple(c for c in OPTIONAL if c in header)
         with open(self.path, "a", newline="") as f:
             w = csv.writer(f)
             if new:
-                w.writerow(ALL_COLUMNS)
+                w.writerow(cols)
             for r in rows:
-                w.writerow([_fmt(r.get(c, float("nan"))) for c in ALL_COLUMNS])
+                w.writerow([_fmt(r.get(c, float("nan"))) for c in cols])
         if self._tb is not None:
             for r in rows:
-                for c in ALL_COLUMNS[1:]:
+                for c in cols[1:]:
                     v = r.get(c)
                     if v is not None and not (isinstance(v, float) and math.isnan(v)):
                         self._tb.add_scalar(c, v, r["step"])
@@ -162,7 +177,7 @@ def late_means(rows: list[dict]) -> dict:
     last = max(float(r["step"]) for r in rows)
     half = [r for r in rows if float(r["step"]) > last / 2]
     out = {}
-    for c in EVAL_COLUMNS + LEARNING:
+    for c in EVAL_COLUMNS + LEARNING + tuple(c for c in OPTIONAL if c in rows[0]):
         v = column(half, c) if half else np.array([])
         v = v[~np.isnan(v)]
         out[c] = float(v.mean()) if len(v) else None

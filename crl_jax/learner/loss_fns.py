@@ -192,6 +192,7 @@ class PriorRows:
     lengths: jax.Array  # [A] int32 prompt length (actor) / response start (extractor)
     target: jax.Array  # [A, V] float32 target distribution (rows summing to 0 are unused)
     hard: jax.Array = None  # [A, S] bool (extractor only)
+    form_target: jax.Array = None  # [A, V] soft target of the form token (`extraction.forms`; extractor only)
     # extractor only, static: no response is longer (positions lengths .. lengths + response_width - 1), so the
     # loss scores that window only (`response_window_logits`); None: every position (the reference path)
     response_width: int | None = struct.field(pytree_node=False, default=None)
@@ -275,11 +276,15 @@ def actor_turn_loss(allowed, *, clip_eps=0.2, temperature=1.0, ratio="token", au
     return fn
 
 
-def response_allowed_at(first_allowed, early_allowed, rest_allowed, offset, min_entry: int):
+def response_allowed_at(first_allowed, early_allowed, rest_allowed, offset, min_entry: int, form_allowed=None):
     """[..., V] mask of response position `offset` (0 = the op token): ops first, then `min_entry`
-    positions of entry tokens only (no EOS, no op: an entry an actor can use), then `rest_allowed`."""
+    positions of entry tokens only (no EOS, no op: an entry an actor can use), then `rest_allowed`.
+    `form_allowed` [V] (`extraction.forms`): the form token at offset 1, the entry one position later."""
     o = offset[..., None]
-    return jnp.where(o == 0, first_allowed, jnp.where(o <= min_entry, early_allowed, rest_allowed))
+    if form_allowed is None:
+        return jnp.where(o == 0, first_allowed, jnp.where(o <= min_entry, early_allowed, rest_allowed))
+    return jnp.where(o == 0, first_allowed, jnp.where(o == 1, form_allowed,
+                                                      jnp.where(o <= min_entry + 1, early_allowed, rest_allowed)))
 
 
 def response_window_logits(graphdef, params, tokens, start, width: int):
@@ -303,7 +308,8 @@ def extractor_prior_loss(graphdef, params, rows: PriorRows, masks, min_entry: in
     first response position, the row's own tokens at the `hard` positions. With `rows.response_width` only
     the response window is scored (equal values and gradients up to float order; the full path is the
     reference the tests compare it with)."""
-    first, early, rest = masks
+    first, early, rest = masks[:3]
+    form = masks[3] if len(masks) > 3 else None  # the entry forms' mask at offset 1 (`extraction.forms`)
     S = rows.tokens.shape[1]
     W = rows.response_width
     if W is not None and W < S - 1:
@@ -311,28 +317,34 @@ def extractor_prior_loss(graphdef, params, rows: PriorRows, masks, min_entry: in
         off = jnp.broadcast_to(jnp.arange(W)[None, :], pos.shape)  # response offset of each window position
         tok, hard = (jnp.take_along_axis(x, pos, axis=1) for x in (rows.tokens, rows.hard))
         hard = hard & inside
-        allowed = response_allowed_at(first, early, rest, off[:1], min_entry)  # [1, W, V]: the same for every row
+        allowed = response_allowed_at(first, early, rest, off[:1], min_entry, form)  # [1, W, V]: the same for every row
     else:
         logits = tr.merge(graphdef, params)(rows.tokens)[:, :-1]  # predicts positions 1..S-1
         off = jnp.arange(1, S)[None, :] - rows.lengths[:, None]
-        allowed = response_allowed_at(first, early, rest, jnp.maximum(off, 0), min_entry)
+        allowed = response_allowed_at(first, early, rest, jnp.maximum(off, 0), min_entry, form)
         tok, hard = rows.tokens[:, 1:], rows.hard[:, 1:]
     lp = masked_log_softmax(logits, allowed, temperature)
     op_lp = jnp.take_along_axis(lp, jnp.argmax(off == 0, axis=1)[:, None, None], axis=1)[:, 0]
     op_ce = soft_cross_entropy(op_lp, rows.target, first)  # 0 when no row has an op target
     hard = hard & (off > 0)
+    if rows.form_target is not None:  # the form token: a soft target (left to RL), not the row's own token
+        form_lp = jnp.take_along_axis(lp, jnp.argmax(off == 1, axis=1)[:, None, None], axis=1)[:, 0]
+        op_ce = op_ce + soft_cross_entropy(form_lp, rows.form_target, form)
+        hard = hard & (off > 1)
     picked = jnp.take_along_axis(lp, tok[..., None], axis=-1)[..., 0]
     tok_ce = -jnp.sum(jnp.where(hard, picked, 0.0)) / jnp.maximum(hard.sum(), 1)
     return op_ce + tok_ce
 
 
 def extractor_constrained_loss(first_allowed, rest_allowed, *, early_allowed=None, min_entry: int = 0,
-                               eps_low=0.1, eps_high=0.1, temperature=1.0, aux_coef=0.0, op_weight: float = 1.0):
+                               eps_low=0.1, eps_high=0.1, temperature=1.0, aux_coef=0.0, op_weight: float = 1.0,
+                               form_allowed=None):
     """CISPO on responses whose first token is drawn from `first_allowed` [V], the next `min_entry` from
     `early_allowed` [V] and later ones from `rest_allowed` [V] (the sampler's masks). `op_weight` scales the
-    op token's term (`losses.op_token_weights`; 1 = the paper's plain token mean)."""
+    op token's term (`losses.op_token_weights`; 1 = the paper's plain token mean). `form_allowed` [V]
+    (`extraction.forms`): the form token after the op token, trained like every response token."""
     early_allowed = rest_allowed if early_allowed is None else early_allowed
-    masks = (first_allowed, early_allowed, rest_allowed)
+    masks = (first_allowed, early_allowed, rest_allowed) + (() if form_allowed is None else (form_allowed,))
 
     def fn(graphdef, params, b: ExtractorBatch):
         mask = _trained_mask(b)
@@ -343,7 +355,7 @@ def extractor_constrained_loss(first_allowed, rest_allowed, *, early_allowed=Non
         if W is not None and W < T - 1:  # the response window only (equal to the full path up to float order)
             logits, pos, inside = response_window_logits(graphdef, params, b.tokens, start, W)
             allowed = response_allowed_at(first_allowed, early_allowed, rest_allowed, jnp.arange(W)[None],
-                                          min_entry)
+                                          min_entry, form_allowed)
             tok, blogp, mask = (jnp.take_along_axis(x, pos, axis=1) for x in (b.tokens, blogp, mask))
             mask = mask & inside
             off = jnp.broadcast_to(jnp.arange(W)[None], mask.shape)
@@ -351,7 +363,7 @@ def extractor_constrained_loss(first_allowed, rest_allowed, *, early_allowed=Non
             logits = tr.merge(graphdef, params)(b.tokens)[:, :-1]  # predicts positions 1..T-1
             t = jnp.arange(1, T)[None, :]
             allowed = response_allowed_at(first_allowed, early_allowed, rest_allowed,
-                                          jnp.maximum(t - start[:, None], 0), min_entry)
+                                          jnp.maximum(t - start[:, None], 0), min_entry, form_allowed)
             tok, blogp, mask = b.tokens[:, 1:], blogp[:, 1:], mask[:, 1:]
             off = t - start[:, None]
         lp_all = masked_log_softmax(logits, allowed, temperature)

@@ -17,6 +17,9 @@ a test asserts it):
   Target: the operation is uniform over ADD / RETURN (and UPDATE when an old tip is shown), and after
   ADD or UPDATE the entry is a copy of the moves, then EOS. What to copy, when to return and which
   entries help are left to RL.
+- with the entry forms (`extraction.forms`, `learner.prior_forms`): half the actor's tips name a cell to go
+  to (target: the moves towards it that avoid what the view shows blocked), and the extractor writes the
+  moves or the episode's end cell after a form token drawn uniformly.
 - merge rows (extractor, pretraining only): a merge prompt with random entries; target ADD + a copy of
   the chunk's newest entry (a no-loss merge of duplicates), then EOS.
 
@@ -48,6 +51,7 @@ from crl_jax.envs.base import G_AGENT, G_BLANK, G_DOWN, G_FLOOR, G_UP, G_WALL, O
 from crl_jax.envs.compact import probe_obs
 from crl_jax.extractor.distill import distill_prompts
 from crl_jax.extractor.merge_step import merge_prompt_len, merge_response_len
+from crl_jax.learner import prior_forms
 from crl_jax.learner.loss_fns import PriorRows, actor_prior_loss, extractor_prior_loss
 from crl_jax.models import transformer as tr
 from crl_jax.text.packing import pack_segments
@@ -93,6 +97,7 @@ def actor_rows(rt, key, n: int, only_tips: bool = False) -> PriorRows:
     T = rt.num_turns
     tip_p = 1.0 if only_tips else rt.cfg.pretrain.tip_p
     uniform = jnp.zeros((V,), jnp.float32).at[rt.tiny.action_ids].set(1.0 / A)
+    forms = rt.tiny.form_ids is not None
 
     def one(k):
         ks = jax.random.split(k, 5)
@@ -100,12 +105,16 @@ def actor_rows(rt, key, n: int, only_tips: bool = False) -> PriorRows:
         t = jax.random.randint(ks[1], (), 0, T)
         plan, plen = _random_plan(rt, ks[2], min(T, rt.cfg.bank.entry_len))
         has = jax.random.uniform(ks[3]) < tip_p
-        obs, obs_len = rt.renderer(_random_obs(rt, ks[4]))
+        raw_obs, shown = _random_obs(rt, ks[4]), has & (t < plen)
+        tip_target = jnp.zeros((V,), jnp.float32).at[plan[jnp.minimum(t, plan.shape[0] - 1)]].set(1.0)
+        if forms:  # some tips name a cell to go to (a FACT tip, shown at every turn: `prior_forms.goto_row`)
+            fact, (plan, plen, raw_obs, tip_target) = prior_forms.maybe_goto(rt, jax.random.fold_in(k, 5), plan, plen,
+                                                                             raw_obs, tip_target)
+            shown = has & (fact | (t < plen))
+        obs, obs_len = rt.renderer(raw_obs)
         prompt, length = build_prompt(tt[task], tl[task], plan, plen, has, rt.tiny.seg, t, obs, obs_len,
                                       turn_marker=rt.cfg.rollout.turn_marker)
-        shown = has & (t < plen)
-        move = plan[jnp.minimum(t, plan.shape[0] - 1)]
-        target = jnp.where(shown, jnp.zeros((V,), jnp.float32).at[move].set(1.0), 0.0 if only_tips else uniform)
+        target = jnp.where(shown, tip_target, 0.0 if only_tips else uniform)
         return prompt, length, target
 
     p, l, tgt = jax.vmap(one)(jax.random.split(key, n))
@@ -119,10 +128,11 @@ def _teacher_forced(prompt, plen, response, rlen, width: int):
     return toks, plen, (t > plen) & (t < total)
 
 
-def _response(rt, op_token, entry, entry_len, budget: int):
-    """[budget] = op token, entry[:entry_len], EOS (cut to the budget) -> (tokens, length)."""
+def _response(rt, op_token, entry, entry_len, budget: int, form_token=None):
+    """[budget] = op token, [form token,] entry[:entry_len], EOS (cut to the budget) -> (tokens, length)."""
     eos = jnp.asarray([rt.tokenizer.eos_id], jnp.int32)
-    return pack_segments([(op_token[None], jnp.int32(1)), (entry, entry_len), (eos, jnp.int32(1))], size=budget)
+    form = [] if form_token is None else [(form_token[None], jnp.int32(1))]
+    return pack_segments([(op_token[None], jnp.int32(1)), *form, (entry, entry_len), (eos, jnp.int32(1))], size=budget)
 
 
 def extractor_rows(rt, key, n: int, op_weight: float = 1.0) -> PriorRows:
@@ -143,17 +153,23 @@ def extractor_rows(rt, key, n: int, op_weight: float = 1.0) -> PriorRows:
     old, old_len = jax.vmap(lambda k: _random_plan(rt, k, L))(jax.random.split(ks[3], n))
     has_old = jax.random.bernoulli(ks[4], 0.5, (n,))
     ep = _Moves(action_tokens=moves_t, turns=n_moves)
-    prompts, plen = distill_prompts(rt, tt[task], tl[task], ep, ok, old, jnp.where(has_old, old_len, 0), has_old)
+    forms = rt.tiny.form_ids is not None  # write the moves or the end cell (shown after the moves), the form uniform
+    end_cell, form, entry, entry_len = (prior_forms.form_response_parts(rt, jax.random.fold_in(key, 7), n, moves,
+                                                                        n_moves) if forms else
+                                        (None, None, moves, n_moves))
+    prompts, plen = distill_prompts(rt, tt[task], tl[task], ep, ok, old, jnp.where(has_old, old_len, 0), has_old,
+                                    end_cell)
     # The op token written in the teacher-forced sequence: ADD, or UPDATE half the time with an old tip.
     upd = has_old & jax.random.bernoulli(ks[5], 0.5, (n,))
     op_tok = jnp.where(upd, rt.tiny.op_ids[UPDATE], rt.tiny.op_ids[ADD])
-    resp, rlen = jax.vmap(lambda o, m, k: _response(rt, o, m, k, R))(op_tok, moves, n_moves)
+    resp, rlen = jax.vmap(lambda o, m, k, f: _response(rt, o, m, k, R, f))(op_tok, entry, entry_len, form)
     toks, start, hard = jax.vmap(lambda p, pl, r, rl: _teacher_forced(p, pl, r, rl, prompts.shape[1] + R))(
         prompts, plen, resp, rlen)
     target = jnp.zeros((n, V), jnp.float32).at[:, rt.tiny.op_ids[ADD]].set(1.0).at[:, rt.tiny.op_ids[RETURN]].set(1.0)
     target = jnp.where(has_old[:, None], target.at[:, rt.tiny.op_ids[UPDATE]].set(1.0), target)
     target = target / target.sum(-1, keepdims=True)
-    return PriorRows(tokens=toks, lengths=start, target=op_weight * target, hard=hard, response_width=R)
+    return PriorRows(tokens=toks, lengths=start, target=op_weight * target, hard=hard, response_width=R,
+                     form_target=prior_forms.form_target(rt, n, op_weight) if forms else None)
 
 
 class _Moves(NamedTuple):
@@ -216,6 +232,8 @@ def prior_id(cfg) -> str:
                                       "cache_dir")}, version=PRIOR_VERSION)
     if c.extraction.outcome_last:  # the distillation layout (only when set: the default's id, and so the
         key["outcome_last"] = True  # shipped prior, stay unchanged)
+    if c.extraction.forms:  # the entry forms' vocabulary, layouts and data (likewise only when set)
+        key["forms"] = True
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

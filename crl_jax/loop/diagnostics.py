@@ -3,7 +3,8 @@
 An extractor that learns from its reward should write more from successful episodes than from failed
 ones (`op_rates`), hand the actor entries that have helped before (`positive_credit_share`), and grow
 more decided about its operation (the op token's entropy, `extractor.distill.op_entropy`); the bank's
-replay success (`actor.replay`) says whether what it writes works at all.
+replay success (`actor.replay`) says whether what it writes works at all. With the entry forms
+(`extraction.forms`) the share of FACT writes (`fact_shares`) says which form it has come to write.
 """
 
 from __future__ import annotations
@@ -31,3 +32,11 @@ def positive_credit_share(bank, slots, has_exp) -> jnp.ndarray:
     (the sum of the +-1 outcomes it guided, before this step's) is positive; NaN when nothing was retrieved."""
     pos = bank.total_credit_sum[jnp.maximum(slots, 0)] > 0
     return _rate(pos, has_exp)
+
+
+def fact_shares(facts, writes) -> dict:
+    """Per-step form metrics from per-episode FACT writes `facts` [N] and all writes `writes` [N] (int):
+    `forms_fact` (FACT entries written) and `forms_fact_share` (their share of the writes; NaN without one)."""
+    nf = jnp.sum(facts).astype(jnp.float32)
+    nw = jnp.sum(writes).astype(jnp.float32)
+    return {"forms_fact": nf, "forms_fact_share": jnp.where(nw > 0, nf / jnp.maximum(nw, 1.0), jnp.nan)}

@@ -60,6 +60,9 @@ class MethodFlags:
     split_advantage: jax.Array  # per-subgroup advantages (ablation: one normalisation over the group)
     merge: jax.Array  # periodic merge (ablation: none)
     archive: jax.Array = None  # the successful episodes' moves are the entries, no extractor call (archive)
+    # archive's entries are the successful episodes' end cells (oracle_archive); set only with extraction.forms,
+    # so the default state's leaves are unchanged
+    oracle: jax.Array = None
 
     @classmethod
     def from_config(cls, cfg) -> "MethodFlags":
@@ -67,7 +70,7 @@ class MethodFlags:
         return cls(uses_bank=b(cfg.uses_bank), edits_bank=b(cfg.edits_bank), trains_actor=b(cfg.trains_actor),
                    trains_extractor=b(cfg.trains_extractor), group_split=b(cfg.loss.group_split),
                    split_advantage=b(cfg.loss.advantage == "split"), merge=b(cfg.extraction.merge),
-                   archive=b(cfg.archives))
+                   archive=b(cfg.archives), oracle=b(cfg.oracle) if cfg.extraction.forms else None)
 
 
 @struct.dataclass
@@ -212,11 +215,14 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
     mask = distill_mask(cfg.extraction.distill, guided)
     ret_value, ret_ok = credit.return_values(cfg.extraction.reward, success.reshape(G, K), guided.reshape(G, K))
 
+    forms = rt.tiny is not None and cfg.extraction.forms  # per-episode FACT writes as a third row
+
     def packed(d):
         return d.bank, d.buffer, jnp.stack([d.n_add, d.n_update, d.n_return, d.n_invalid,
                                             d.n_add_failed, d.n_return_trained, d.n_update_unretrieved,
                                             d.n_invalid_trained]).astype(jnp.int32), \
-            jnp.stack([d.adds, d.updates]).astype(jnp.int32), jnp.asarray(d.op_entropy, jnp.float32)
+            jnp.stack([d.adds, d.updates] + ([d.facts] if forms else [])).astype(jnp.int32), \
+            jnp.asarray(d.op_entropy, jnp.float32)
 
     def do_distill(bb):
         return packed(be.distill(rt, bb[0], bb[1], state.extractor.params, k.ext, step, task_tokens=p.task_tokens,
@@ -225,14 +231,20 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
                                  return_ok=ret_ok.reshape(N)))
 
     def no_edit(bb):
-        return bb[0], bb[1], jnp.zeros((8,), jnp.int32), jnp.zeros((2, N), jnp.int32), jnp.float32(jnp.nan)
+        return bb[0], bb[1], jnp.zeros((8,), jnp.int32), jnp.zeros((3 if forms else 2, N), jnp.int32), \
+            jnp.float32(jnp.nan)
 
     branches = [no_edit, do_distill]
     if rt.tiny is not None:  # archive's entries are plans of action tokens (config check: tiny models only)
         branches.append(lambda bb: packed(archive(rt, bb[0], bb[1], k.ext, step, episodes=ep, keys=p.q,
                                                   slots=slots)))
-    # 0: no bank edit, 1: the extractor distils (skipped at run time by the switch), 2: archive
-    which = jnp.where(flags.edits_bank, jnp.where(flags.archive, len(branches) - 1, 1), 0)
+    arch = len(branches) - 1
+    if forms:  # oracle_archive: the end cells (config check: only with the forms)
+        branches.append(lambda bb: packed(archive(rt, bb[0], bb[1], k.ext, step, episodes=ep, keys=p.q,
+                                                  slots=slots, fact=True)))
+        arch = jnp.where(flags.oracle, len(branches) - 1, arch)
+    # 0: no bank edit, 1: the extractor distils (skipped at run time by the switch), 2: archive, 3: oracle_archive
+    which = jnp.where(flags.edits_bank, jnp.where(flags.archive, arch, 1), 0)
     bank, buffer, ops, per_ep, op_ent = jax.lax.switch(which, branches, (bank, buffer))
     n_add, n_upd, n_ret, n_inv = ops[0], ops[1], ops[2], ops[3]
     n_failed_ep = jnp.sum(~ep.success.astype(bool) & mask)
@@ -272,6 +284,8 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
            for k_, v in diagnostics.op_rates(per_ep[0], per_ep[1], success, mask).items()},
         "retrieved_credit_pos": diagnostics.positive_credit_share(p.bank, slots, has_exp).astype(jnp.float32),
         "op_entropy": op_ent,
+        **({k_: jnp.where(flags.edits_bank, v, jnp.nan).astype(jnp.float32)
+            for k_, v in diagnostics.fact_shares(per_ep[2], per_ep[0] + per_ep[1]).items()} if forms else {}),
         **be.episode_metrics(rt, ep), **a_metrics, **u_metrics,
     }
     env_steps = state.env_steps + ep.turns.sum().astype(jnp.int32)

@@ -25,7 +25,7 @@ from crl_jax.backends.llm.runtime import is_llm_config
 from crl_jax.config import Config, ConfigError, to_dict
 from crl_jax.envs.actions import action_allowed_mask, action_token_ids, tiny_tokenizer
 from crl_jax.envs.adapters import names as adapter_names
-from crl_jax.envs.compact import compact_vocabulary, grid_shape, make_compact_renderer
+from crl_jax.envs.compact import FORMS, compact_vocabulary, grid_shape, make_compact_renderer
 from crl_jax.envs.render import make_token_renderer
 from crl_jax.extractor.merge_step import MergePieces
 from crl_jax.learner import train_state as ts
@@ -108,7 +108,8 @@ def _build(cfg: Config) -> Runtime:
     if cfg.pretrain.enabled and is_host:
         raise ConfigError(f"pretrain.enabled: the prior's synthetic observations are built-in grids; env.name="
                           f"{cfg.env.name!r} is a host-side environment: set pretrain.enabled=false")
-    extra = OPS + (compact_vocabulary(env.num_tasks, eval_env.num_tasks, T, grid_shape(env)) if compact else ())
+    forms = cfg.extraction.forms  # config check: compact view only
+    extra = OPS + (compact_vocabulary(env.num_tasks, eval_env.num_tasks, T, grid_shape(env), forms) if compact else ())
     tok = tiny_tokenizer(env.action_names, extra=extra)
     if is_host:
         renderer, eval_renderer = make_host_renderer(env, tok), make_host_renderer(eval_env, tok)
@@ -121,7 +122,12 @@ def _build(cfg: Config) -> Runtime:
     text = _COMPACT_TEXT if compact else _TEXT
     turn, turn_len = pad_rows([tok.encode(text["turn"].format(t=t)) for t in range(T)])
     (pre, pre_len), (suf, suf_len), (act, act_len) = (_one(tok, text[k]) for k in ("tip", "tip_end", "act"))
-    seg = Segments(pre, pre_len, suf, suf_len, turn, turn_len, act, act_len, tip_window=cfg.rollout.tip_window)
+    form_ids = row_ids = col_ids = None
+    if forms:  # the entry forms (`crl_jax.extractor.forms`): FACT entries are written in the view's cell tokens
+        form_ids = jnp.asarray([tok.extra_id(f) for f in FORMS], jnp.int32)
+        row_ids, col_ids = jnp.asarray(renderer.row_ids), jnp.asarray(renderer.col_ids)
+    seg = Segments(pre, pre_len, suf, suf_len, turn, turn_len, act, act_len, tip_window=cfg.rollout.tip_window,
+                   fact_rows=row_ids)
     tr_rows = [tok.encode(task_text(env, i, "", cfg.env.task_ids_in_text, compact)) for i in range(env.num_tasks)]
     ev_rows = [tok.encode(task_text(eval_env, i, "E", cfg.env.task_ids_in_text, compact))
                for i in range(eval_env.num_tasks)]
@@ -139,8 +145,8 @@ def _build(cfg: Config) -> Runtime:
                           f"bank.entry_len={cfg.bank.entry_len}")
     lc, ec = cfg.loss, cfg.extraction
     tiny = TinyParts(seg=seg, action_ids=a_ids, op_ids=op_ids, distill=distill, vocab_size=tok.vocab_size,
-                     eos_id=tok.eos_id, min_entry=ec.min_entry)
-    first, early, rest = tiny.response_masks()
+                     eos_id=tok.eos_id, min_entry=ec.min_entry, form_ids=form_ids, row_ids=row_ids, col_ids=col_ids)
+    first, early, rest, *form = tiny.response_masks()
     pc = cfg.pretrain
     aux = pc.aux_coef if pc.enabled else 0.0
     co_update = ts.make_co_update(
@@ -148,7 +154,7 @@ def _build(cfg: Config) -> Runtime:
                         temperature=cfg.actor.temperature, ratio=lc.ratio, aux_coef=aux),
         extractor_constrained_loss(first, rest, early_allowed=early, min_entry=ec.min_entry, eps_low=ec.eps_low,
                                    eps_high=ec.eps_high, temperature=ec.temperature, aux_coef=aux,
-                                   op_weight=ec.op_weight),
+                                   op_weight=ec.op_weight, form_allowed=form[0] if form else None),
         microbatches=lc.microbatches, actor_steps=lc.epochs * lc.minibatches, extractor_steps=ec.epochs,
         actor_target_kl=lc.target_kl, donate=False)
     return assemble(cfg, backend=BUILTIN, tokenizer=tok, env=env, eval_env=eval_env, renderer=renderer,
