@@ -20,6 +20,10 @@ Task generation is separate from dynamics: `env.generate(key) -> level` draws a 
 a level belongs to the eval pool iff a hash of its defining integers (`env.level_code`) falls in the
 lowest `eval_permille` / 1000 of the hash range; a task's level is the first candidate drawn from
 `fold_in(fold_in(key(pool_seed), pool_id), task)` (and then `fold_in(., attempt)`) that lies in its pool.
+
+An env whose episodes draw their own layout from the reset key (`episode_layouts`, the room's families) splits
+layouts the same way: `for_evaluation()` returns it drawing only the layouts training never draws (every other
+env returns itself), and `query_observation = False` keeps the first observation out of the retrieval query.
 """
 
 from __future__ import annotations

@@ -177,3 +177,63 @@ def test_demo_preset_is_the_families_config():
     assert preset("default") == ((), ("crl", "grpo"))
     cfg = load(None, list(ov))
     assert cfg.env.params["families"] and cfg.env.num_train_tasks == 16 and cfg.eval.tasks == 64
+
+
+def test_bank_replay_on_fresh_layouts_of_the_entry_family():
+    """`bank_replay_success` on families: each entry's moves on `REPLAY_LAYOUTS` evaluation layouts of the family its
+    key names. Family 0's entry is the goal solver's plan on the first replay layout (so it works there); family
+    1's entry is family 0's plan too (keyed to family 1, whose goal differs); the share is their replays' mean."""
+    from crl_jax import bank as bank_lib
+    from crl_jax.actor.experience import query_from_observation
+    from crl_jax.actor.replay import REPLAY_KEY, REPLAY_LAYOUTS, bank_replay_success, replay_plan
+    from crl_jax.envs.actions import action_token_ids, tiny_tokenizer
+    from crl_jax.envs.compact import compact_vocabulary, make_compact_renderer
+    from crl_jax.models.embed import HashedNgramEmbedder
+
+    env2 = make("room", num_tasks=2, **PARAMS)
+    tok = tiny_tokenizer(env2.action_names, extra=compact_vocabulary(2, 2, 20, (5, 5)))
+    ids = jnp.asarray(action_token_ids(env2, tok), jnp.int32)
+    task_tok = jnp.array([[tok.extra_id("<L0>")], [tok.extra_id("<L1>")]], jnp.int32)
+    rt = SimpleNamespace(env=env2, embedder=HashedNgramEmbedder(dim=16), renderer=make_compact_renderer(env2, tok),
+                         train_task_tokens=task_tok, train_task_len=jnp.ones((2,), jnp.int32),
+                         tiny=SimpleNamespace(action_ids=ids))
+    ev = env2.for_evaluation()
+    layout_keys = [episode_reset_keys(jax.random.fold_in(jax.random.key(REPLAY_KEY), i), 2) for i in range(REPLAY_LAYOUTS)]
+    st, _ = ev.reset(layout_keys[0][0], 0)
+    assert bool(ev.is_eval_layout(st.level))
+    moves = []
+    for t in range(20):  # the solver's plan on family 0's first replay layout
+        if bool(st.done):
+            break
+        a = goal_solver(ev, st, jax.random.key(t))
+        moves.append(int(ids[a]))
+        st = ev.step(st, a)[0]
+    assert bool(st.success)
+    plan = jnp.zeros((20,), jnp.int32).at[: len(moves)].set(jnp.array(moves, jnp.int32))
+    keys = query_from_observation(rt.embedder, task_tok, rt.train_task_len, None, None, with_obs=False)
+    b = bank_lib.init(4, 20, 16)
+    for f in (0, 1):
+        b, _ = bank_lib.add(b, plan, len(moves), keys[f], 0, 0, -1)
+    share = float(jax.jit(lambda bb: bank_replay_success(rt, bb))(b))
+    ok = jax.jit(lambda t, k: replay_plan(ev, ids, t, plan, len(moves), k))
+    expect = np.mean([[bool(ok(f, k[f])) for k in layout_keys] for f in (0, 1)])
+    assert bool(ok(0, layout_keys[0][0])) and share == pytest.approx(expect) and share < 1.0
+    assert float(keys[0] @ keys[1]) < 0.95  # the two families' queries are told apart
+
+
+def test_family_queries_tell_the_families_apart():
+    """The family's query (its task token, no observation) at the config's key width: no two of 16 training
+    families, nor a training and a held-out one, reach the similarity floor."""
+    from crl_jax.actor.experience import query_from_observation
+    from crl_jax.envs.actions import tiny_tokenizer
+    from crl_jax.envs.compact import compact_vocabulary
+    from crl_jax.loop.runtime import OPS
+    from crl_jax.models.embed import HashedNgramEmbedder
+
+    tok = tiny_tokenizer(make("room").action_names, extra=OPS + compact_vocabulary(F, F, 20, (5, 5)))
+    ids = [tok.extra_id(f"<L{i}>") for i in range(F)] + [tok.extra_id(f"<E{i}>") for i in range(F)]
+    k = np.asarray(query_from_observation(HashedNgramEmbedder(dim=64), jnp.array(ids)[:, None],
+                                          jnp.ones((2 * F,), jnp.int32), None, None, with_obs=False))
+    sim = k @ k.T
+    np.testing.assert_allclose(np.diag(sim), 1.0, rtol=1e-5)
+    assert (sim - 2 * np.eye(2 * F)).max() < 0.95
