@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=OVERRIDES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
     t.add_argument("--method", default=None, choices=["crl", "grpo", "static_online", "offline", "exp_only",
-                                                      "archive"],
+                                                      "archive", "oracle_archive"],
                    help="the method (METHOD.md §4; default: the config's `method`, crl); same as method=M")
     t.add_argument("--seed", type=int, default=None, metavar="N",
                    help="run seed: the run key (default: the config's `seed`, 0); same as seed=N")
@@ -283,8 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seeds", type=int, default=5, metavar="N", help="how many seeds of every method (default 5)")
     d.add_argument("--first-seed", type=int, default=0, metavar="S", help="seeds S .. S+N-1 (default 0)")
     d.add_argument("--methods", default="crl,grpo",
-                   help="comma-separated methods: crl, grpo, static_online, offline, exp_only, archive, or grpo_scratch (GRPO "
-                        "without the prior); each beyond crl,grpo adds ~30-50%% time, over the 10-minute budget")
+                   help="comma-separated methods: crl, grpo, static_online, offline, exp_only, archive, oracle_archive, "
+                        "or grpo_scratch (GRPO without the prior); each beyond crl,grpo adds ~30-50%% time, over the 10-minute budget")
     d.add_argument("--steps", type=int, default=None, metavar="N",
                    help="training iterations of every run (default: the config's `steps`, 80)")
     d.add_argument("--out", default="runs/demo", help="demo folder: run folders OUT/<method>/seed<N>/, the "
