@@ -47,8 +47,6 @@ def archive(rt, bank, buffer, key, step, *, episodes, keys, slots, fact: bool = 
                             slots, jnp.full((n,), -1, jnp.int32), key, step)
     n_add = jnp.sum(writes).astype(jnp.int32)
     z = jnp.int32(0)
-    facts = None
-    if rt.cfg.extraction.forms:
-        facts = writes.astype(jnp.int32) if fact else jnp.zeros((n,), jnp.int32)
+    facts = writes.astype(jnp.int32) if fact else None
     return DistillOut(bank, buffer, n_add, z, jnp.int32(n) - n_add, z, z, adds=writes.astype(jnp.int32),
                       updates=jnp.zeros((n,), jnp.int32), facts=facts)

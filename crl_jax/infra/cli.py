@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=OVERRIDES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--config", default=None, help="YAML config (default: the embedded default)")
     t.add_argument("--method", default=None, choices=["crl", "grpo", "static_online", "offline", "exp_only",
-                                                      "archive"],
+                                                      "archive", "oracle_archive"],
                    help="the method (METHOD.md §4; default: the config's `method`, crl); same as method=M")
     t.add_argument("--seed", type=int, default=None, metavar="N",
                    help="run seed: the run key (default: the config's `seed`, 0); same as seed=N")
@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(experiments/configs/families.yaml: a goal cell per family, a layout per episode), methods "
                         "crl,grpo,archive,static_online")
     d.add_argument("--methods", default=None,
-                   help="comma-separated methods: crl, grpo, static_online, offline, exp_only, archive, or grpo_scratch (GRPO "
+                   help="comma-separated methods: crl, grpo, static_online, offline, exp_only, archive, oracle_archive, or grpo_scratch (GRPO "
                         "without the prior); default: the preset's; each beyond crl,grpo adds ~30-50%% time, over the "
                         "10-minute budget")
     d.add_argument("--steps", type=int, default=None, metavar="N",

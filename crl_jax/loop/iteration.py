@@ -221,7 +221,8 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
         return d.bank, d.buffer, jnp.stack([d.n_add, d.n_update, d.n_return, d.n_invalid,
                                             d.n_add_failed, d.n_return_trained, d.n_update_unretrieved,
                                             d.n_invalid_trained]).astype(jnp.int32), \
-            jnp.stack([d.adds, d.updates] + ([d.facts] if forms else [])).astype(jnp.int32), \
+            jnp.stack([d.adds, d.updates] + ([jnp.zeros((N,), jnp.int32) if d.facts is None else d.facts]
+                                             if forms else [])).astype(jnp.int32), \
             jnp.asarray(d.op_entropy, jnp.float32)
 
     def do_distill(bb):
