@@ -292,9 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(experiments/configs/families.yaml: a goal cell per family, a layout per episode), methods "
                         "crl,grpo,archive,static_online")
     d.add_argument("--methods", default=None,
-                   help="comma-separated methods: crl, grpo, static_online, offline, exp_only, archive, oracle_archive, or grpo_scratch (GRPO "
-                        "without the prior); default: the preset's; each beyond crl,grpo adds ~30-50%% time, over the "
-                        "10-minute budget")
+                   help="comma-separated methods: crl, grpo, static_online, offline, exp_only, archive, oracle_archive, "
+                        "or grpo_scratch (GRPO without the prior); default: the preset's; each beyond crl,grpo adds "
+                        "~30-50%% time, over the 10-minute budget")
     d.add_argument("--steps", type=int, default=None, metavar="N",
                    help="training iterations of every run (default: the config's `steps`, 80)")
     d.add_argument("--out", default="runs/demo", help="demo folder: run folders OUT/<method>/seed<N>/, the "
