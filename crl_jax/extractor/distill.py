@@ -5,6 +5,9 @@ the entry that guided it if any) and answers with one constrained operation: `<A
 `<UPDATE>` + entry (rewrites the retrieved entry), or `<RETURN>`. Entries of the tiny default are
 sequences of action tokens (a plan); the response mask enforces op-token-first, then actions or EOS.
 
+With `extraction.forms` the op token is followed by a form token, `<MOVES>` (the entry is the moves) or `<FACT>`
+(the entry is the episode's end cell, shown in the prompt after the moves): `crl_jax.extractor.forms`.
+
 Operations are applied in episode order (a `lax.scan`), so the result is deterministic. Every add or
 update is a generation that can later earn reward: it goes into the extractor sample buffer, and its
 buffer id becomes the entry's `source`. `<RETURN>` and malformed responses write nothing and are counted.
