@@ -77,6 +77,15 @@ def straight(tmp_path_factory):
     return d
 
 
+@pytest.fixture(scope="module")
+def three_steps(tmp_path_factory):
+    """A finished 3-step run (checkpoints 1, 2, 3): the damage tests each damage a copy of it (the same folder a
+    fresh `train(d, 3)` writes: runs are deterministic, test_loop and the kill test check it byte for byte)."""
+    d = tmp_path_factory.mktemp("three") / "run"
+    train(d, 3)
+    return d
+
+
 # ------------------------------------------------------------------------------------------------
 # kill -9 and resume, extensions
 
@@ -171,9 +180,9 @@ def _damage(step_dir, how):
 
 
 @pytest.mark.parametrize("how", ["corrupt", "flip", "truncate", "delete"])
-def test_latest_valid_moves_a_damaged_newest_checkpoint_aside(tmp_path, capsys, how):
+def test_latest_valid_moves_a_damaged_newest_checkpoint_aside(three_steps, tmp_path, capsys, how):
     d = tmp_path / "run"
-    train(d, 3)
+    shutil.copytree(three_steps, d)
     _damage(d / "checkpoints" / "3", how)
     code, err = crl_main(capsys, "train", "--quiet", "--steps", "4", "--out", str(d), *TINY)
     assert code == 2 and len(err) == 1 and "checkpoints/3" in err[0] and "--resume latest_valid" in err[0], err
@@ -191,12 +200,12 @@ def test_latest_valid_moves_a_damaged_newest_checkpoint_aside(tmp_path, capsys, 
     assert json.loads(capsys.readouterr().out)["step"] == 4
 
 
-def test_the_cli_says_one_line_for_a_damaged_checkpoint(tmp_path):
+def test_the_cli_says_one_line_for_a_damaged_checkpoint(three_steps, tmp_path):
     """In a process of its own, where no pytest hook takes them: after a failed restore, TensorStore's reads still
     finishing call into Orbax's closed event loop. Their tracebacks ("Event loop is closed", read errors nobody
     retrieved) must not follow the one-line error."""
     d = tmp_path / "run"
-    train(d, 3)
+    shutil.copytree(three_steps, d)
     _damage(d / "checkpoints" / "3", "truncate")
     cmd = [sys.executable, "-m", "crl_jax.infra.cli", "train", "--quiet", "--steps", "4", "--out", str(d), *TINY]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -45,7 +45,7 @@ def test_settings_from_config_and_env(monkeypatch):
 def test_two_processes_equal_single_process_8_devices(tmp_path):
     coord = f"127.0.0.1:{_free_port()}"
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4 " + os.environ["CRL_JAX_TEST_COMPILE_FLAGS"],
                PYTHONPATH=os.pathsep.join([os.path.dirname(TESTS), TESTS, os.environ.get("PYTHONPATH", "")]))
     for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(k, None)

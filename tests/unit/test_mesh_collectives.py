@@ -39,7 +39,9 @@ def test_combined_collectives_count_every_buffer():
 
 def test_packed_gate_up_all_reduces_no_more_than_two_matmuls(tmp_path):
     out = tmp_path / "rows.json"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    # compile flags as in conftest.py: the collectives are placed by XLA's HLO passes, before code generation
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=4 " + os.environ["CRL_JAX_TEST_COMPILE_FLAGS"]}
     subprocess.run([sys.executable, _PATH, "--hidden", "64", "--seq", "32", "--json", str(out)], check=True, env=env,
                    capture_output=True, timeout=600)
     rows = json.loads(out.read_text())
