@@ -171,10 +171,10 @@ def test_demo_preset_is_the_families_config():
     from crl_jax.infra.demo import preset
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    ov, methods = preset("families")
+    ov, methods, seeds = preset("families")
     assert load(None, list(ov)) == load(os.path.join(root, "experiments", "configs", "families.yaml"))
-    assert methods == ("crl", "grpo", "archive", "static_online")
-    assert preset("default") == ((), ("crl", "grpo"))
+    assert methods == ("crl", "grpo", "archive", "static_online") and seeds == 3
+    assert preset("default") == ((), ("crl", "grpo"), 5)
     cfg = load(None, list(ov))
     assert cfg.env.params["families"] and cfg.env.num_train_tasks == 16 and cfg.eval.tasks == 64
 
