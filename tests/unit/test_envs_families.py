@@ -198,7 +198,8 @@ def test_bank_replay_on_fresh_layouts_of_the_entry_family():
                          train_task_tokens=task_tok, train_task_len=jnp.ones((2,), jnp.int32),
                          tiny=SimpleNamespace(action_ids=ids))
     ev = env2.for_evaluation()
-    layout_keys = [episode_reset_keys(jax.random.fold_in(jax.random.key(REPLAY_KEY), i), 2) for i in range(REPLAY_LAYOUTS)]
+    layout_keys = [episode_reset_keys(jax.random.fold_in(jax.random.key(REPLAY_KEY), i), 2)
+                   for i in range(REPLAY_LAYOUTS)]
     st, _ = ev.reset(layout_keys[0][0], 0)
     assert bool(ev.is_eval_layout(st.level))
     moves = []
