@@ -3,10 +3,11 @@
 Held-in = the first `eval.tasks` levels of the training pool; held-out = the first `eval.tasks` levels of
 the disjoint evaluation pool (on the room's families: `eval.tasks` episodes, the families in turn, each
 episode at its own layout). Both play `env.for_evaluation()`: the env itself, or, for envs whose episodes
-draw their own layouts (the room's families), the env drawing only layouts that training never draws. "With experience" retrieves plain cosine top-1 from the current bank
-(no diversity re-ranking, usage counts untouched: evaluation never changes the state); "without" is the
-same episode with no experience segment. Each task is played once, greedily, from a fixed key. The with-
-and without-experience episodes of a pool run as one batch (one compiled rollout per pool).
+draw their own layouts (the room's families), the env drawing only layouts that training never draws.
+"With experience" retrieves plain cosine top-1 from the current bank (no diversity re-ranking, usage counts
+untouched: evaluation never changes the state); "without" is the same episode with no experience segment. Each
+task is played once, greedily, from a fixed key. The with- and without-experience episodes of a pool run as one
+batch (one compiled rollout per pool).
 """
 
 from __future__ import annotations

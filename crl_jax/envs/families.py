@@ -19,8 +19,8 @@ evaluation = trained families at layouts never played in training, whatever the 
 eval pool's families (never trained), also at evaluation layouts.
 
 The query carries the family only (`query_observation = False`: the retrieval query is built from the task
-token, not the first observation; `crl_jax.actor.experience.query_from_observation`): with the start cell in the query, a moves archive would retrieve a plan
-played from the same start and copying would work again.
+token, not the first observation; `crl_jax.actor.experience.query_from_observation`): with the start cell in
+the query, a moves archive would retrieve a plan played from the same start and copying would work again.
 """
 
 from __future__ import annotations

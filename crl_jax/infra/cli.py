@@ -189,14 +189,12 @@ def cmd_pretrain(args):
 
 
 def cmd_demo(args):
-    from crl_jax.infra.demo import demo
+    from crl_jax.infra.demo import demo, preset
 
-    from crl_jax.infra.demo import preset
-
-    pre_ov, pre_methods = preset(args.preset)
+    pre_ov, pre_methods, pre_seeds = preset(args.preset)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods else pre_methods
-    demo(seeds=args.seeds, first_seed=args.first_seed, out=args.out, steps=args.steps, config=args.config,
-         overrides=list(pre_ov) + list(args.overrides or []), methods=methods)
+    demo(seeds=pre_seeds if args.seeds is None else args.seeds, first_seed=args.first_seed, out=args.out,
+         steps=args.steps, config=args.config, overrides=list(pre_ov) + list(args.overrides or []), methods=methods)
 
 
 OVERRIDES_HELP = """overrides:
@@ -285,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_eval)
 
     d = sub.add_parser("demo", help="the embedded default: CRL vs GRPO over seeds, table and plot")
-    d.add_argument("--seeds", type=int, default=5, metavar="N", help="how many seeds of every method (default 5)")
+    d.add_argument("--seeds", type=int, default=None, metavar="N",
+                   help="how many seeds of every method (default: the preset's, 5; families 3)")
     d.add_argument("--first-seed", type=int, default=0, metavar="S", help="seeds S .. S+N-1 (default 0)")
     d.add_argument("--preset", default="default", choices=("default", "families"),
                    help="default: the embedded default's room, methods crl,grpo; families: the family testbed "

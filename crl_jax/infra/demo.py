@@ -92,18 +92,18 @@ def comparison_table(results: dict[str, list[dict]]) -> str:
 EXTRA_METHODS = {"grpo_scratch": {"method": "grpo", "pretrain.enabled": False}}
 
 
-# `crl-jax demo --preset NAME`: (config overrides, default methods). `families` is experiments/configs/families.yaml
-# as overrides of the embedded default (a test asserts they load the same config), so it runs from an installed
-# package too.
+# `crl-jax demo --preset NAME`: (config overrides, default methods, default seeds). `families` is
+# experiments/configs/families.yaml as overrides of the embedded default (a test asserts they load the same config),
+# so it runs from an installed package too; 4 methods x 3 seeds to stay near the demo's 10 minutes.
 PRESETS = {
-    "default": ((), ("crl", "grpo")),
+    "default": ((), ("crl", "grpo"), 5),
     "families": (("env.params.families=true", "env.params.obstacles=3", "env.num_train_tasks=16",
-                  "env.num_eval_tasks=16", "eval.tasks=64"), ("crl", "grpo", "archive", "static_online")),
+                  "env.num_eval_tasks=16", "eval.tasks=64"), ("crl", "grpo", "archive", "static_online"), 3),
 }
 
 
-def preset(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(overrides, methods) of a demo preset."""
+def preset(name: str) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    """(overrides, methods, seeds) of a demo preset."""
     if name not in PRESETS:
         raise ConfigError(f"--preset {name!r}: known presets are {sorted(PRESETS)}")
     return PRESETS[name]

@@ -171,10 +171,10 @@ def test_demo_preset_is_the_families_config():
     from crl_jax.infra.demo import preset
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    ov, methods = preset("families")
+    ov, methods, seeds = preset("families")
     assert load(None, list(ov)) == load(os.path.join(root, "experiments", "configs", "families.yaml"))
-    assert methods == ("crl", "grpo", "archive", "static_online")
-    assert preset("default") == ((), ("crl", "grpo"))
+    assert methods == ("crl", "grpo", "archive", "static_online") and seeds == 3
+    assert preset("default") == ((), ("crl", "grpo"), 5)
     cfg = load(None, list(ov))
     assert cfg.env.params["families"] and cfg.env.num_train_tasks == 16 and cfg.eval.tasks == 64
 
@@ -198,7 +198,8 @@ def test_bank_replay_on_fresh_layouts_of_the_entry_family():
                          train_task_tokens=task_tok, train_task_len=jnp.ones((2,), jnp.int32),
                          tiny=SimpleNamespace(action_ids=ids))
     ev = env2.for_evaluation()
-    layout_keys = [episode_reset_keys(jax.random.fold_in(jax.random.key(REPLAY_KEY), i), 2) for i in range(REPLAY_LAYOUTS)]
+    layout_keys = [episode_reset_keys(jax.random.fold_in(jax.random.key(REPLAY_KEY), i), 2)
+                   for i in range(REPLAY_LAYOUTS)]
     st, _ = ev.reset(layout_keys[0][0], 0)
     assert bool(ev.is_eval_layout(st.level))
     moves = []
