@@ -270,6 +270,8 @@ class FormatPriorConfig:
     batch: int = 4  # synthetic rows per step
     lr: float = 2e-3  # Adam learning rate of the adapters
     seed: int = 0  # key of the prior's data and adapter init (the same prior for every run seed and method)
+    host_states: int = 32  # host envs: states (observation + admissible commands) visited by uniformly random
+    #                        commands from the training games' starts, the prior's rows (backends/llm/host_prior.py)
 
 
 @dataclass(frozen=True)

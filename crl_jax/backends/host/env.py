@@ -146,6 +146,3 @@ def check_llm_host(cfg) -> None:
     if cfg.rollout.share_prefix:
         raise ConfigError(f"rollout.share_prefix: env {cfg.env.name!r} steps on the host, one compiled call per "
                           "turn, so no episode-long program carries the conversation's cache; set it false")
-    if cfg.format_prior.enabled:
-        raise ConfigError(f"format_prior.enabled: the format prior's synthetic boards are built-in grids; env.name="
-                          f"{cfg.env.name!r} is a host-side environment: set format_prior.enabled=false")

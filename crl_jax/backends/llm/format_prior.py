@@ -33,8 +33,12 @@ import numpy as np
 import optax
 from flax import nnx
 
-from crl_jax.backends.llm.pieces import token_row, token_table
+from crl_jax.backends.llm import host_prior
+from crl_jax.backends.llm.host_prior import is_host
+from crl_jax.backends.llm.prior_rows import (ADD_P, MAX_PRIOR_TURNS, distill_budget, lesson, op_reply, pick, reply_width,
+                                          rt_tables, teacher_forced)
 from crl_jax.backends.llm.prompt_pieces import actor_head, distill_prompt, user_turn
+from crl_jax.envs.adapters import names as adapter_names
 from crl_jax.models import lora
 from crl_jax.models import transformer as tr
 from crl_jax.text import prompts
@@ -44,84 +48,14 @@ from crl_jax.learner.pretrain import _load, _random_obs, cache_dir, cached_or_tr
 FORMAT_PRIOR_VERSION = 2  # bump when the synthetic data or the loss change: old caches then miss
 # v2: the extractor's op token is scored against the data's op distribution (ADD_P add, 1 - ADD_P return)
 # on every row, not against the row's own draw (see `op_target`); v1 learnt `return` only
-ADD_P = 2.0 / 3.0  # share of `add` targets in the synthetic distillation rows
 LORA_SHAPE_KEYS = ("rank", "alpha", "targets")  # the lora.* keys that shape the prior (not how RL trains)
-MAX_PRIOR_TURNS = 2  # synthetic distillation trajectories: 1..2 turns (the prompt stays short)
-# Lesson words: generic, level-free vocabulary (a lesson made of them is random text, not advice).
-WORDS = ("wall", "room", "stairs", "corner", "move", "turn", "door", "floor", "path", "edge", "early", "late",
-         "left", "right", "up", "down", "dark", "light", "near", "far", "first", "again", "step", "look",
-         "wait", "try", "avoid", "follow", "check", "keep", "side", "center", "around", "back", "open", "long")
-
-
-# ------------------------------------------------------------------------------------------------
-# Synthetic rows (teacher-forced: tokens [n, W], loss mask [n, W] on the target tokens)
-
-
-def _pick(table, key):
-    """A random row (tokens, length) of a token table (tokens [R, W], lengths [R])."""
-    i = jax.random.randint(key, (), 0, table[0].shape[0])
-    return jnp.asarray(table[0])[i], jnp.asarray(table[1])[i]
-
-
-def _words(tables, key, n_max: int, cap: int):
-    """Random words: the first without, the others with a leading space -> (tokens [cap], length)."""
-    first, rest = tables
-    ks = jax.random.split(key, n_max + 1)
-    n = jax.random.randint(ks[0], (), 1, n_max + 1)
-    segs = [_pick(first, ks[1])]
-    for i in range(1, n_max):
-        t, ln = _pick(rest, ks[i + 1])
-        segs.append((t, jnp.where(i < n, ln, 0)))
-    return pack_segments(segs, size=cap)
-
-
-def _lesson(rt, key, cap: int, side: str = "actor"):
-    """Random lesson text "<title>w w</title><content>w w w ...</content>" -> (tokens [cap], length) in the
-    `side` model's tokens."""
-    t = rt_tables(rt, side)
-    k1, k2 = jax.random.split(key)
-    return pack_segments([t["title_open"], _words(t["words"], k1, 3, 16), t["title_close"],
-                          _words(t["words"], k2, 8, 40), t["content_close"]], size=cap)
-
-
-_TABLES: dict[tuple[int, str], dict] = {}
-
-
-def rt_tables(rt, side: str = "actor") -> dict:
-    """Token pieces of the synthetic replies in the tokens of one model, `side` = "actor" (moves, lessons as
-    experience) or "extractor" (JSON operations, lessons) (host, built once per runtime and side)."""
-    if (id(rt), side) in _TABLES:
-        return _TABLES[(id(rt), side)]
-    with jax.ensure_compile_time_eval():  # host constants even when first asked inside a trace
-        t = _tables(rt, rt.tokenizer if side == "actor" else rt.extractor_tokenizer)
-    t = jax.tree_util.tree_map(np.asarray, t)
-    _TABLES[(id(rt), side)] = t
-    return t
-
-
-def _tables(rt, tok) -> dict:
-    names = list(rt.env.action_names)
-    ap, dp = rt.llm.actor_pieces, rt.llm.distill_pieces
-    eot = tok.token_text(tok.eos_id)
-    close = "</answer>" if ap.prefill else "</answer>" + eot  # a prefilled reply stops at its '>'
-    open_ = "" if ap.prefill else "<answer>"
-    d_open = "" if dp.prefill else "<answer>["
-    t = {
-        "moves": token_table(tok, [open_ + n for n in names]),
-        "move_close": token_row(tok, close),
-        "words": (token_table(tok, list(WORDS)), token_table(tok, [" " + w for w in WORDS])),
-        "title_open": token_row(tok, "<title>"), "title_close": token_row(tok, "</title><content>"),
-        "content_close": token_row(tok, ".</content>"),
-        "add_open": token_row(tok, d_open + '{"op": "add", "text": "'),
-        "add_close": token_row(tok, '"}]</answer>' + eot),
-        "return": token_row(tok, d_open + '{"op": "return"}]</answer>' + eot),
-    }
-    return t
 
 
 def actor_rows(rt, key, n: int):
     """`n` one-turn actor rows: the loop's head (half with a random lesson as experience) and first turn
     on a random board, target = a random move in the answer format -> (tokens [n, W], mask [n, W])."""
+    if is_host(rt):
+        return host_prior.actor_rows(rt, key, n)
     p, t = rt.llm.actor_pieces, rt_tables(rt)
     tt = jnp.concatenate([rt.train_task_tokens, rt.eval_task_tokens])
     tl = jnp.concatenate([rt.train_task_len, rt.eval_task_len])
@@ -130,33 +64,27 @@ def actor_rows(rt, key, n: int):
     def one(k):
         ks = jax.random.split(k, 5)
         task = jax.random.randint(ks[0], (), 0, tt.shape[0])
-        exp, exp_len = _lesson(rt, ks[1], p.entry_cap)
+        exp, exp_len = lesson(rt, ks[1], p.entry_cap)
         head = actor_head(p, exp, exp_len, jax.random.uniform(ks[2]) < 0.5, tt[task], tl[task])
         obs, obs_len = rt.renderer(_random_obs(rt, ks[3]))
         prompt, plen = pack_segments([head] + user_turn(p, 0, jnp.bool_(False), obs, obs_len))
-        reply, rlen = pack_segments([_pick(t["moves"], ks[4]), t["move_close"]])
-        return _teacher_forced(prompt, plen, reply, rlen, W)
+        reply, rlen = pack_segments([pick(t["moves"], ks[4]), t["move_close"]])
+        return teacher_forced(prompt, plen, reply, rlen, W)
 
     return jax.vmap(one)(jax.random.split(key, n))
-
-
-def distill_budget(rt) -> int:
-    """Static width of a synthetic distillation prompt (<= MAX_PRIOR_TURNS turns: nothing is cut)."""
-    dp = rt.llm.distill_pieces
-    per_turn = dp.traj_cap // max(dp.num_turns, 1)
-    return min(rt.cfg.extraction.prompt_len, dp.fixed_capacity + MAX_PRIOR_TURNS * per_turn)
 
 
 def extractor_rows(rt, key, n: int):
     """`n` distillation rows: 1..2 random moves on random boards, random outcome, no retrieved entry;
     target = one `add` of a random lesson (2/3) or a `return` (1/3) in the JSON answer format."""
-    dp, t = rt.llm.distill_pieces, rt_tables(rt, "extractor")
+    if is_host(rt):
+        return host_prior.extractor_rows(rt, key, n)
+    dp = rt.llm.distill_pieces
     T = dp.num_turns
     tt = jnp.concatenate([rt.train_task_tokens, rt.eval_task_tokens])
     tl = jnp.concatenate([rt.train_task_len, rt.eval_task_len])
     budget = distill_budget(rt)
     A = len(rt.env.action_names)
-    R = rt.cfg.bank.entry_len + int(t["add_open"][0].shape[0]) + int(t["add_close"][0].shape[0])
 
     def one(k):
         ks = jax.random.split(k, 7)
@@ -171,21 +99,10 @@ def extractor_rows(rt, key, n: int):
         prompt, plen = distill_prompt(dp, budget, goal, goal_len, obs, obs_len, acts, active,
                                       jax.random.uniform(ks[4]) < 0.5, entry, jnp.int32(0), jnp.bool_(False),
                                       rt.extractor_tokenizer.pad_id)
-        lesson = _lesson(rt, ks[5], rt.cfg.bank.entry_len, "extractor")
-        add, add_len = pack_segments([t["add_open"], lesson, t["add_close"]], size=R)
-        ret, ret_len = pack_segments([t["return"]], size=R)
-        is_add = jax.random.uniform(ks[6]) < ADD_P
-        reply = jnp.where(is_add, add, ret)
-        return _teacher_forced(prompt, plen, reply, jnp.where(is_add, add_len, ret_len), budget + R)
+        reply, rlen = op_reply(rt, ks[5], ks[6])
+        return teacher_forced(prompt, plen, reply, rlen, budget + reply_width(rt))
 
     return jax.vmap(one)(jax.random.split(key, n))
-
-
-def _teacher_forced(prompt, plen, reply, rlen, width: int):
-    """prompt ++ reply in [width] -> (tokens, mask of the reply's tokens)."""
-    toks, total = pack_segments([(prompt, plen), (reply, rlen)], size=width)
-    t = jnp.arange(width)
-    return toks, (t >= plen) & (t < total)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -194,10 +111,12 @@ def _teacher_forced(prompt, plen, reply, rlen, width: int):
 
 def reply_cap(rt, which: str) -> int:
     """Static room of a synthetic target (tokens): the loss scores only these positions."""
+    if which != "actor":
+        return reply_width(rt)
+    if is_host(rt):
+        return host_prior.host_samples(rt).replies.shape[2]
     t = rt_tables(rt, which)
-    if which == "actor":
-        return int(t["moves"][0].shape[1] + t["move_close"][0].shape[0])
-    return rt.cfg.bank.entry_len + int(t["add_open"][0].shape[0]) + int(t["add_close"][0].shape[0])
+    return int(t["moves"][0].shape[1] + t["move_close"][0].shape[0])
 
 
 def op_target(rt):
@@ -268,15 +187,20 @@ def _templates_hash(folder: str) -> str:
 
 
 def format_prior_id(cfg) -> str:
-    """Hash of everything that shapes the format prior (not the level pools' seed, run seed or method)."""
+    """Hash of everything that shapes the format prior (not the run seed or method; not the level pools' seed
+    on the built-in grids)."""
     m = lambda mc: {k: getattr(mc, k) for k in ("preset", "weights", "dtype", "truncate_layers")}  # noqa: E731
+    # host envs: the rows are states of the training pool's games (`host_prior`), so its seed shapes them too
+    host_env = cfg.env.name in adapter_names()
+    skip = ("enabled",) if host_env else ("enabled", "host_states")
+    host = {"pool_seed": cfg.env.pool_seed, "host_prior": host_prior.HOST_PRIOR_VERSION} if host_env else {}
     key = dict(actor=m(cfg.actor), extractor=m(cfg.extractor), prompts=_templates_hash(cfg.prompts),
                llm_prompt={k: v for k, v in dataclasses.asdict(cfg.llm_prompt).items() if not k.startswith("merge_")},
                lora={k: getattr(cfg.lora, k) for k in LORA_SHAPE_KEYS},
-               prior={k: v for k, v in dataclasses.asdict(cfg.format_prior).items() if k != "enabled"},
+               prior={k: v for k, v in dataclasses.asdict(cfg.format_prior).items() if k not in skip},
                env={"name": cfg.env.name, "params": cfg.env.params, "num_train_tasks": cfg.env.num_train_tasks,
                     "num_eval_tasks": cfg.env.num_eval_tasks, "max_turns": cfg.env.max_turns,
-                    "task_ids_in_text": cfg.env.task_ids_in_text},
+                    "task_ids_in_text": cfg.env.task_ids_in_text, **host},
                entry_len=cfg.bank.entry_len, prompt_len=cfg.extraction.prompt_len,
                max_action_tokens=cfg.rollout.max_action_tokens, version=FORMAT_PRIOR_VERSION)
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
