@@ -233,8 +233,7 @@ def env_param_types(name: str) -> dict[str, type] | None:
     out: dict[str, type] = {}
     made = getattr(importlib.import_module(module), cls)
     # a factory function (`make_room`) names the classes it hands `**kw` to in `param_classes`
-    chain = made.__mro__ if isinstance(made, type) else (made,) + tuple(
-        k for c in made.param_classes for k in c.__mro__)
+    chain = made.__mro__ if isinstance(made, type) else (made, *(k for c in made.param_classes for k in c.__mro__))
     for klass in chain:
         init = klass if not isinstance(klass, type) else vars(klass).get("__init__")
         if init is None:
@@ -291,8 +290,7 @@ def validate(cfg) -> None:
     need(cfg.bank.entry_len >= 1, "bank.entry_len", "must be >= 1")
     need(cfg.bank.candidates >= 1, "bank.candidates", "must be >= 1")
     need(0.0 <= cfg.bank.demote_p <= 1.0, "bank.demote_p", "must be in [0, 1]")
-    need(cfg.extraction.buffer_capacity > cfg.extraction.batch, "extraction.buffer_capacity",
-         "must be larger than extraction.batch")
+    need(cfg.extraction.buffer_capacity > cfg.extraction.batch, "extraction.buffer_capacity", "must be > extraction.batch")
     need(cfg.extraction.batch >= 1, "extraction.batch", "must be >= 1")
     need(cfg.extraction.merge_every >= 1, "extraction.merge_every", "must be >= 1")
     need(cfg.extraction.merge_chunk >= 1, "extraction.merge_chunk", "must be >= 1")
@@ -389,10 +387,9 @@ def validate(cfg) -> None:
     need(cfg.method != "archive" or cfg.actor.preset == "tiny", "method",
          "archive stores the episodes' moves as plans of action tokens: it needs the tiny models (actor.preset=tiny)")
     forms = cfg.extraction.forms
-    need(not forms or (cfg.extractor.preset == "tiny" and cfg.actor.preset == "tiny"), "extraction.forms",
-         "the entry forms are the tiny models' constrained answers: set actor.preset and extractor.preset to tiny")
-    need(not forms or cfg.rollout.view == "compact", "extraction.forms",
-         "a FACT entry is the compact view's <r{i}> <c{j}> cell: set rollout.view=compact")
+    need(not forms or (cfg.extractor.preset == cfg.actor.preset == "tiny" and cfg.rollout.view == "compact"),
+         "extraction.forms", "the entry forms are the tiny models' constrained answers and a FACT is the compact view's "
+         "<r{i}> <c{j}> cell: set actor.preset=tiny, extractor.preset=tiny and rollout.view=compact")
     need(not forms or not cfg.extraction.merge, "extraction.forms",
          "the tiny merge copies plans of moves only: set extraction.merge=false")
     need(not forms or cfg.rollout.tip_window >= 2, "extraction.forms",
