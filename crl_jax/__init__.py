@@ -1,3 +1,3 @@
 """crl_jax: Complementary RL in JAX/Flax NNX (see README.md and docs/ARCHITECTURE.md)."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
