@@ -98,7 +98,8 @@ EXTRA_METHODS = {"grpo_scratch": {"method": "grpo", "pretrain.enabled": False}}
 PRESETS = {
     "default": ((), ("crl", "grpo"), 5),
     "families": (("env.params.families=true", "env.params.obstacles=3", "env.num_train_tasks=16",
-                  "env.num_eval_tasks=16", "eval.tasks=64"), ("crl", "grpo", "archive", "static_online"), 3),
+                  "env.num_eval_tasks=16", "eval.tasks=64", "extraction.forms=true", "pretrain.actor_steps=3000",
+                  "pretrain.batch=64", "pretrain.tip_p=0.8"), ("crl", "grpo", "archive", "static_online"), 3),
 }
 
 
