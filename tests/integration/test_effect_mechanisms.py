@@ -276,3 +276,14 @@ def test_the_default_prior_ships_with_the_package(tmp_path, monkeypatch):
     assert leaves and all(np.isfinite(np.asarray(x)).all() for x in leaves)
     assert pretrain.prior_meta_path(cfg) == shipped[:-4] + ".json"
     assert not os.listdir(tmp_path)  # nothing written to the cache
+
+
+def test_the_families_prior_ships_with_the_package():
+    """The families testbed's prior (3000 actor steps: minutes to fit) ships too, so `crl-jax demo --preset families`
+    skips the fit; its id is families.yaml's (a change to what shapes it fails here: refit and ship the new file)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    pid = pretrain.prior_id(load(os.path.join(root, "experiments", "configs", "families.yaml"), []))
+    shipped = pretrain.shipped_path(pid)
+    assert os.path.exists(shipped), f"no shipped prior for families.yaml's id {pid} in {pretrain.SHIPPED_DIR}"
+    with open(shipped[:-4] + ".json") as f:
+        assert json.load(f)["prior_id"] == pid
