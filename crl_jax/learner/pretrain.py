@@ -47,7 +47,7 @@ import numpy as np
 import optax
 
 from crl_jax.actor.rollout import build_prompt
-from crl_jax.envs.base import G_AGENT, G_BLANK, G_DOWN, G_FLOOR, G_UP, G_WALL, Obs
+from crl_jax.envs.base import G_BLANK, G_DOWN, G_FLOOR, G_UP, G_WALL
 from crl_jax.envs.compact import probe_obs
 from crl_jax.extractor.distill import distill_prompts
 from crl_jax.extractor.merge_step import merge_prompt_len, merge_response_len
@@ -62,14 +62,8 @@ _CELLS = np.array([G_BLANK, G_FLOOR, G_FLOOR, G_DOWN, G_UP, G_WALL], np.int32)  
 
 
 def _random_obs(rt, key):
-    """A random observation: glyph grid of the env's shape with the hero on one cell, no message."""
-    probe = probe_obs(rt.env)
-    h, w = probe.grid.shape
-    k1, k2 = jax.random.split(key)
-    grid = jnp.asarray(_CELLS)[jax.random.randint(k1, (h, w), 0, len(_CELLS))]
-    hero = jax.random.randint(k2, (), 0, h * w)
-    grid = grid.reshape(-1).at[hero].set(G_AGENT).reshape(h, w)
-    return Obs(grid=grid.astype(probe.grid.dtype), message=jnp.zeros(probe.message.shape, probe.message.dtype))
+    """A random observation: glyph grid of the env's shape (`_CELLS` glyphs) with the hero on one cell, no message."""
+    return prior_forms.random_grid_obs(key, probe_obs(rt.env), _CELLS)
 
 
 def _task_rows(rt):

@@ -63,11 +63,12 @@ def goto_moves(grid, target, deltas, is_move):
     return jnp.where(d_now > 0, p, 0.0)
 
 
-def random_grid_obs(key, probe: Obs):
-    """A random observation shaped like `probe` (`compact.probe_obs`): `_CELLS` glyphs, the hero on one cell."""
+def random_grid_obs(key, probe: Obs, cells=_CELLS):
+    """A random observation shaped like `probe` (`compact.probe_obs`): glyphs drawn uniformly from `cells` (default:
+    this module's, with the obstacles a go-to tip must avoid), the hero on one cell, no message."""
     h, w = probe.grid.shape
     k1, k2 = jax.random.split(key)
-    grid = jnp.asarray(_CELLS)[jax.random.randint(k1, (h, w), 0, len(_CELLS))]
+    grid = jnp.asarray(cells)[jax.random.randint(k1, (h, w), 0, len(cells))]
     hero = jax.random.randint(k2, (), 0, h * w)
     grid = grid.reshape(-1).at[hero].set(G_AGENT).reshape(h, w)
     return Obs(grid=grid.astype(probe.grid.dtype), message=jnp.zeros(probe.message.shape, probe.message.dtype))
