@@ -11,6 +11,11 @@ On an env whose episodes draw their own layouts (`Env.episode_layouts`: the room
 level is its family, and its plan is replayed on `REPLAY_LAYOUTS` layouts of that family that training never
 draws (`env.for_evaluation()`): `bank_replay_success` is then the mean share over them, i.e. how often a
 written plan works on a fresh layout of its family (a copied plan rarely does: see `envs/families.py`).
+
+With the entry forms (`extraction.forms`) a FACT entry names a cell, not moves: it "replays to success" when
+that cell is its level's goal as the view shows it (the hero's `<r> <c>` standing on the stairs), i.e. when an
+actor that goes to the named cell would succeed (the goal-knowing solver does on 99.7% of layouts). On an env
+whose levels have no stairs cell a FACT entry counts as failed.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import jax.numpy as jnp
 from crl_jax.actor.experience import query_keys
 from crl_jax.actor.rollout import episode_reset_keys
 from crl_jax.envs.actions import token_to_action
+from crl_jax.envs.compact import is_fact
 
 REPLAY_KEY = 4321  # the levels' reset keys (fixed: the replay of a bank never depends on the run's keys)
 REPLAY_LAYOUTS = 4  # fresh layouts per family where episodes draw their own layouts
@@ -40,30 +46,47 @@ def replay_plan(env, action_ids, task, tokens, length, reset_key) -> jax.Array:
     return state.success.astype(bool)
 
 
+def goal_fact(env, renderer, task, reset_key) -> jax.Array:
+    """[2] int32: the view's `<r> <c>` tokens of the hero standing on the goal of `env.reset(reset_key, task)`'s
+    level (-1s where the level has no stairs cell): the FACT that names that goal."""
+    state, _ = env.reset(reset_key, task)
+    stairs = getattr(state.level, "stairs", None)
+    if stairs is None or not hasattr(state, "pos"):
+        return jnp.full((2,), -1, jnp.int32)
+    return renderer(state.replace(pos=stairs))[0][:2].astype(jnp.int32)
+
+
 def entry_levels(bank_keys, level_queries) -> jax.Array:
     """[N] int32: for each entry key [N, D] the level whose query [n, D] it matches best (cosine)."""
     return jnp.argmax(bank_keys @ level_queries.T, axis=1).astype(jnp.int32)
 
 
-def replay_share(env, action_ids, bank, level_queries, tasks, reset_keys) -> jax.Array:
+def replay_share(env, action_ids, bank, level_queries, tasks, reset_keys, renderer=None, row_ids=None) -> jax.Array:
     """[] share of the bank's valid entries whose plan succeeds on their level (NaN for an empty bank).
-    `level_queries` [n, D], `tasks` [n], `reset_keys` [n]: the candidate levels, their queries and reset keys."""
+    `level_queries` [n, D], `tasks` [n], `reset_keys` [n]: the candidate levels, their queries and reset keys.
+    With `row_ids` (the entry forms' row tokens [H]) and the view's `renderer`, a FACT entry succeeds when it
+    names its level's goal (`goal_fact`)."""
     lvl = entry_levels(bank.keys, level_queries)
     ok = jax.vmap(lambda t, e, el, k: replay_plan(env, action_ids, t, e, el, k))(
         tasks[lvl], bank.tokens, bank.lengths, reset_keys[lvl])
+    if row_ids is not None:
+        goals = jax.vmap(lambda t, k: goal_fact(env, renderer, t, k))(tasks, reset_keys)[lvl]  # [N, 2]
+        fact = is_fact(bank.tokens, bank.lengths, row_ids)
+        ok = jnp.where(fact, jnp.all(bank.tokens[:, :2] == goals, axis=-1), ok)
     n = bank.valid.sum()
     return jnp.where(n > 0, jnp.sum(ok & bank.valid) / jnp.maximum(n, 1), jnp.nan).astype(jnp.float32)
 
 
 def bank_replay_success(rt, bank) -> jax.Array:
     """`replay_share` over the training pool of a Runtime of the tiny models on a built-in env (on families:
-    its mean over `REPLAY_LAYOUTS` evaluation layouts of each family)."""
+    its mean over `REPLAY_LAYOUTS` evaluation layouts of each family; FACT entries by their cell)."""
     n = rt.env.num_tasks
     tasks = jnp.arange(n, dtype=jnp.int32)
     key = jax.random.key(REPLAY_KEY)
     q = query_keys(rt.embedder, rt.env, rt.renderer, key, tasks, rt.train_task_tokens, rt.train_task_len)
+    fact = (rt.renderer, rt.tiny.row_ids)
     if not getattr(rt.env, "episode_layouts", False):
-        return replay_share(rt.env, rt.tiny.action_ids, bank, q, tasks, episode_reset_keys(key, n))
+        return replay_share(rt.env, rt.tiny.action_ids, bank, q, tasks, episode_reset_keys(key, n), *fact)
     env = rt.env.for_evaluation()  # the family's query has no observation: `q` is the same for any layout
     keys = jnp.stack([episode_reset_keys(jax.random.fold_in(key, i), n) for i in range(REPLAY_LAYOUTS)])
-    return jnp.mean(jax.vmap(lambda k: replay_share(env, rt.tiny.action_ids, bank, q, tasks, k))(keys))
+    return jnp.mean(jax.vmap(lambda k: replay_share(env, rt.tiny.action_ids, bank, q, tasks, k, *fact))(keys))

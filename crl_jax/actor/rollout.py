@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from crl_jax.envs.actions import action_allowed_mask, token_to_action
+from crl_jax.envs.compact import is_fact
 from crl_jax.models import transformer as tr
 from crl_jax.models.row_blocks import last_hidden_in_blocks
 from crl_jax.models.shared_prefix import encode_unique_prefixes
@@ -95,7 +96,7 @@ def build_prompt(task, task_len, exp, exp_len, has_exp, seg: Segments, turn, obs
         shown = jnp.take(exp, jnp.clip(turn + jnp.arange(W), 0, L - 1))
         shown_len = jnp.clip(exp_len - turn, 0, W).astype(jnp.int32)
         if seg.fact_rows is not None:
-            fact = (exp[0] == seg.fact_rows).any() & (exp_len >= 2)
+            fact = is_fact(exp, exp_len, seg.fact_rows)
             shown = jnp.where(fact, jnp.take(exp, jnp.clip(jnp.arange(W), 0, L - 1)), shown)
             shown_len = jnp.where(fact, 2, shown_len).astype(jnp.int32)
         use = has_exp & (shown_len > 0)

@@ -80,6 +80,12 @@ class CompactRenderer:
         return toks.astype(jnp.int32), jnp.int32(self.max_len)
 
 
+def is_fact(entry, entry_len, row_ids):
+    """[...] bool: entries [..., L] of lengths [...] that are FACT entries of the entry forms (a cell in this
+    view's tokens, `crl_jax.extractor.forms`): the first token a row token [H] and at least two tokens."""
+    return (jnp.asarray(entry)[..., 0, None] == jnp.asarray(row_ids, jnp.int32)).any(-1) & (entry_len >= 2)
+
+
 def make_compact_renderer(env, tokenizer) -> CompactRenderer:
     """The compact renderer of `env` for a tokenizer holding `compact_vocabulary`'s tokens."""
     h, w = grid_shape(env)

@@ -11,7 +11,7 @@ where `<form>` is one of `form_ids = (<MOVES>, <FACT>)`:
 
 The form token is sampled like the op token and trained with it (it is a response token of the CISPO loss);
 which form helps is left to RL. The stored entry carries no form token: a FACT entry is recognised by its
-first token being a row token (`is_fact`), so MOVES entries are the same token sequences as without forms.
+first token being a row token (`crl_jax.envs.compact.is_fact`), so MOVES entries are the same token sequences as without forms.
 
 `parse_form` is lenient about what follows a well-formed entry: a MOVES entry is the leading run of action
 tokens after the form token, a FACT entry the first two tokens when they are a row and a column token; the
@@ -33,11 +33,6 @@ FORM_NAMES = ("moves", "fact")
 def _member(tok, ids):
     """tok [...] in ids [K] -> bool [...]."""
     return (jnp.asarray(tok)[..., None] == jnp.asarray(ids, jnp.int32)).any(-1)
-
-
-def is_fact(entry, entry_len, row_ids):
-    """[...] bool: entries [..., L] of lengths [...] that are FACT entries (first token a row token)."""
-    return _member(entry[..., 0], row_ids) & (entry_len >= 2)
 
 
 def parse_form(response, length, op_ids, form_ids, action_ids, row_ids, col_ids, eos_id: int, entry_len: int,

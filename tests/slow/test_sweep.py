@@ -301,3 +301,24 @@ def test_a_sharded_sweep_runs_train_engine_and_equals_unsharded_runs(singles, tm
         assert json.loads(_read(os.path.join(mine, "config.json")))["mesh"]["data"] == 2
         assert os.path.isdir(os.path.join(mine, "checkpoints", "2"))
     assert "| crl | 2 |" in _read(os.path.join(out, "summary.md"))
+
+
+def test_a_data_parallel_sweep_on_two_devices_equals_unsharded_runs(singles, tmp_path):
+    """`crl-jax sweep` with `mesh.data=2` in a process that sees 2 simulated CPU devices (data parallelism alone,
+    the smallest real mesh): members equal the unsharded single runs up to float rounding."""
+    import subprocess
+    import sys
+
+    f = tmp_path / "sweep.yaml"
+    f.write_text("overrides: [" + ", ".join(f'"{o}"' for o in MICRO + ["steps=2", "mesh.data=2"])
+                 + "]\nseeds: 2\ngrid:\n  method: [crl]\n")
+    out = str(tmp_path / "o")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2 " + os.environ["CRL_JAX_TEST_COMPILE_FLAGS"]}
+    subprocess.run([sys.executable, "-m", "crl_jax", "sweep", "--config", str(f), "--out", out, "--no-plot",
+                    "--quiet"], check=True, env=env, capture_output=True, timeout=900)
+    assert json.loads(_read(os.path.join(out, "sweep.json")))["sequential"] == ["crl/seed0", "crl/seed1"]
+    for s in (0, 1):
+        mine = os.path.join(out, "crl", f"seed{s}")
+        _assert_csv_close(os.path.join(mine, "metrics.csv"), os.path.join(singles["crl", s], "metrics.csv"), s)
+        assert json.loads(_read(os.path.join(mine, "config.json")))["mesh"]["data"] == 2

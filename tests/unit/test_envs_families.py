@@ -196,7 +196,7 @@ def test_bank_replay_on_fresh_layouts_of_the_entry_family():
     task_tok = jnp.array([[tok.extra_id("<L0>")], [tok.extra_id("<L1>")]], jnp.int32)
     rt = SimpleNamespace(env=env2, embedder=HashedNgramEmbedder(dim=16), renderer=make_compact_renderer(env2, tok),
                          train_task_tokens=task_tok, train_task_len=jnp.ones((2,), jnp.int32),
-                         tiny=SimpleNamespace(action_ids=ids))
+                         tiny=SimpleNamespace(action_ids=ids, row_ids=None))
     ev = env2.for_evaluation()
     layout_keys = [episode_reset_keys(jax.random.fold_in(jax.random.key(REPLAY_KEY), i), 2)
                    for i in range(REPLAY_LAYOUTS)]
@@ -220,6 +220,37 @@ def test_bank_replay_on_fresh_layouts_of_the_entry_family():
     expect = np.mean([[bool(ok(f, k[f])) for k in layout_keys] for f in (0, 1)])
     assert bool(ok(0, layout_keys[0][0])) and share == pytest.approx(expect) and share < 1.0
     assert float(keys[0] @ keys[1]) < 0.95  # the two families' queries are told apart
+
+
+def test_a_fact_entry_replays_when_it_names_its_family_goal():
+    """With the entry forms a FACT entry (`<r> <c>`) replays to success on every layout when it names its family's
+    goal, and never otherwise: family 0's entry names family 0's goal (1.0), family 1's names family 0's goal too
+    (0.0, the goals differ), a MOVES entry of invalid moves fails (0.0) -> share 1/3."""
+    from crl_jax import bank as bank_lib
+    from crl_jax.actor.experience import query_from_observation
+    from crl_jax.actor.replay import bank_replay_success
+    from crl_jax.envs.actions import action_token_ids, tiny_tokenizer
+    from crl_jax.envs.compact import compact_vocabulary, make_compact_renderer
+    from crl_jax.models.embed import HashedNgramEmbedder
+
+    env2 = make("room", num_tasks=2, **PARAMS)
+    tok = tiny_tokenizer(env2.action_names, extra=compact_vocabulary(2, 2, 20, (5, 5), forms=True))
+    ren = make_compact_renderer(env2, tok)
+    task_tok = jnp.array([[tok.extra_id("<L0>")], [tok.extra_id("<L1>")]], jnp.int32)
+    rt = SimpleNamespace(env=env2, embedder=HashedNgramEmbedder(dim=16), renderer=ren,
+                         train_task_tokens=task_tok, train_task_len=jnp.ones((2,), jnp.int32),
+                         tiny=SimpleNamespace(action_ids=jnp.asarray(action_token_ids(env2, tok), jnp.int32),
+                                              row_ids=jnp.asarray(ren.row_ids)))
+    g0, g1 = (np.asarray(env2.family_goal(f)) for f in (0, 1))
+    assert tuple(g0) != tuple(g1)
+    fact0 = jnp.zeros((20,), jnp.int32).at[:2].set(jnp.array([ren.row_ids[g0[0]], ren.col_ids[g0[1]]], jnp.int32))
+    keys = query_from_observation(rt.embedder, task_tok, rt.train_task_len, None, None, with_obs=False)
+    b = bank_lib.init(4, 20, 16)
+    for f in (0, 1):
+        b, _ = bank_lib.add(b, fact0, 2, keys[f], 0, 0, -1)
+    b, _ = bank_lib.add(b, jnp.full((20,), tok.eos_id, jnp.int32), 3, keys[0], 0, 0, -1)
+    share = float(jax.jit(lambda bb: bank_replay_success(rt, bb))(b))
+    assert share == pytest.approx(1 / 3)
 
 
 def test_family_queries_tell_the_families_apart():

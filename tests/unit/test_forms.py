@@ -11,10 +11,10 @@ from crl_jax import bank as bank_lib
 from crl_jax.actor.rollout import Episodes, build_prompt
 from crl_jax.config import ConfigError, load
 from crl_jax.envs.base import DIR_NAMES, G_AGENT, G_BLANK, G_FLOOR, G_WALL
-from crl_jax.envs.compact import MARKERS, compact_vocabulary
+from crl_jax.envs.compact import MARKERS, compact_vocabulary, is_fact
 from crl_jax.extractor.archive import archive
 from crl_jax.extractor.distill import distill_prompts
-from crl_jax.extractor.forms import FACT, MOVES, is_fact, parse_form
+from crl_jax.extractor.forms import FACT, MOVES, parse_form
 from crl_jax.learner import pretrain, prior_forms
 from crl_jax.learner.pretrain import _Moves
 from crl_jax.loop import diagnostics
