@@ -61,11 +61,10 @@ def entry_levels(bank_keys, level_queries) -> jax.Array:
     return jnp.argmax(bank_keys @ level_queries.T, axis=1).astype(jnp.int32)
 
 
-def replay_share(env, action_ids, bank, level_queries, tasks, reset_keys, renderer=None, row_ids=None) -> jax.Array:
-    """[] share of the bank's valid entries whose plan succeeds on their level (NaN for an empty bank).
-    `level_queries` [n, D], `tasks` [n], `reset_keys` [n]: the candidate levels, their queries and reset keys.
-    With `row_ids` (the entry forms' row tokens [H]) and the view's `renderer`, a FACT entry succeeds when it
-    names its level's goal (`goal_fact`)."""
+def replay_ok(env, action_ids, bank, level_queries, tasks, reset_keys, renderer=None, row_ids=None) -> jax.Array:
+    """[N] bool: each bank entry's plan succeeds on its level (valid or not). `level_queries` [n, D], `tasks` [n],
+    `reset_keys` [n]: the candidate levels, their queries and reset keys. With `row_ids` (the entry forms' row
+    tokens [H]) and the view's `renderer`, a FACT entry succeeds when it names its level's goal (`goal_fact`)."""
     lvl = entry_levels(bank.keys, level_queries)
     ok = jax.vmap(lambda t, e, el, k: replay_plan(env, action_ids, t, e, el, k))(
         tasks[lvl], bank.tokens, bank.lengths, reset_keys[lvl])
@@ -73,20 +72,39 @@ def replay_share(env, action_ids, bank, level_queries, tasks, reset_keys, render
         goals = jax.vmap(lambda t, k: goal_fact(env, renderer, t, k))(tasks, reset_keys)[lvl]  # [N, 2]
         fact = is_fact(bank.tokens, bank.lengths, row_ids)
         ok = jnp.where(fact, jnp.all(bank.tokens[:, :2] == goals, axis=-1), ok)
-    n = bank.valid.sum()
-    return jnp.where(n > 0, jnp.sum(ok & bank.valid) / jnp.maximum(n, 1), jnp.nan).astype(jnp.float32)
+    return ok
 
 
-def bank_replay_success(rt, bank) -> jax.Array:
-    """`replay_share` over the training pool of a Runtime of the tiny models on a built-in env (on families:
-    its mean over `REPLAY_LAYOUTS` evaluation layouts of each family; FACT entries by their cell)."""
+def _valid_mean(ok, valid) -> jax.Array:
+    n = valid.sum()
+    return jnp.where(n > 0, jnp.sum(ok * valid) / jnp.maximum(n, 1), jnp.nan).astype(jnp.float32)
+
+
+def replay_share(env, action_ids, bank, level_queries, tasks, reset_keys, renderer=None, row_ids=None) -> jax.Array:
+    """[] share of the bank's valid entries whose plan succeeds on their level (`replay_ok`; NaN for an empty
+    bank)."""
+    return _valid_mean(replay_ok(env, action_ids, bank, level_queries, tasks, reset_keys, renderer, row_ids),
+                       bank.valid)
+
+
+def entry_replays(rt, bank) -> jax.Array:
+    """[N] float32: for each bank entry of a Runtime of the tiny models on a built-in env, the share of its
+    level's replay layouts on which it succeeds (0 or 1 on fixed levels; over `REPLAY_LAYOUTS` evaluation layouts
+    of its family where episodes draw their own layouts)."""
     n = rt.env.num_tasks
     tasks = jnp.arange(n, dtype=jnp.int32)
     key = jax.random.key(REPLAY_KEY)
     q = query_keys(rt.embedder, rt.env, rt.renderer, key, tasks, rt.train_task_tokens, rt.train_task_len)
     fact = (rt.renderer, rt.tiny.row_ids)
     if not getattr(rt.env, "episode_layouts", False):
-        return replay_share(rt.env, rt.tiny.action_ids, bank, q, tasks, episode_reset_keys(key, n), *fact)
+        return replay_ok(rt.env, rt.tiny.action_ids, bank, q, tasks, episode_reset_keys(key, n), *fact
+                         ).astype(jnp.float32)
     env = rt.env.for_evaluation()  # the family's query has no observation: `q` is the same for any layout
     keys = jnp.stack([episode_reset_keys(jax.random.fold_in(key, i), n) for i in range(REPLAY_LAYOUTS)])
-    return jnp.mean(jax.vmap(lambda k: replay_share(env, rt.tiny.action_ids, bank, q, tasks, k, *fact))(keys))
+    ok = jax.vmap(lambda k: replay_ok(env, rt.tiny.action_ids, bank, q, tasks, k, *fact))(keys)
+    return jnp.mean(ok.astype(jnp.float32), axis=0)
+
+
+def bank_replay_success(rt, bank) -> jax.Array:
+    """[] the valid entries' mean of `entry_replays` (NaN for an empty bank)."""
+    return _valid_mean(entry_replays(rt, bank), bank.valid)

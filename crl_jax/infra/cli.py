@@ -146,13 +146,43 @@ def cmd_bank(args):
     if args.action == "export" and args.out and os.path.isdir(args.out):
         raise ConfigError(f"bank export --out {args.out} is a folder; name a file (e.g. {args.out}/bank.jsonl)")
     _, rt, state, _ = _restore_run(args.run_dir)
-    if args.action == "show":
+    if args.action == "replay":
+        print(bank_replay_report(rt, state.bank))
+    elif args.action == "show":
         print(format_entries(state.bank, rt.tokenizer, task=args.task, top=args.top))
     else:
         if not args.out:
             raise ConfigError("bank export needs --out FILE.jsonl")
         export_jsonl(state.bank, rt.tokenizer, args.out)
         print(args.out)
+
+
+def bank_replay_report(rt, bank) -> str:
+    """`bank replay`: how many of the bank's valid entries work on their level (`actor.replay.entry_replays`),
+    with the entry forms split into FACT and MOVES entries."""
+    import jax
+    import numpy as np
+
+    from crl_jax.actor.replay import entry_replays
+    from crl_jax.config import ConfigError
+    from crl_jax.envs.compact import is_fact
+
+    if rt.backend.name != "builtin" or rt.tiny is None:
+        raise ConfigError("bank replay replays the tiny models' entries on a built-in environment; this run has none")
+    ok = np.asarray(jax.jit(lambda b: entry_replays(rt, b))(bank))
+    valid = np.asarray(bank.valid, bool)
+    fact = (np.asarray(is_fact(bank.tokens, bank.lengths, rt.tiny.row_ids), bool) if rt.tiny.row_ids is not None
+            else np.zeros_like(valid))
+
+    def line(name, m):
+        n = int(m.sum())
+        share = ok[m].mean() if n else float("nan")
+        return f"{name}: {n} entries, {float(ok[m].sum()):.1f} replay to success ({share:.3f})"
+
+    rows = [line("bank", valid)]
+    if rt.tiny.row_ids is not None:
+        rows += ["  " + line("FACT", valid & fact), "  " + line("MOVES", valid & ~fact)]
+    return "\n".join(rows)
 
 
 def cmd_pretrain(args):
@@ -309,9 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(fn=cmd_plot)
 
     b = sub.add_parser("bank", help="inspect the experience bank of a run")
-    b.add_argument("action", choices=["show", "export"],
+    b.add_argument("action", choices=["show", "export", "replay"],
                    help="show: print the entries, most retrieved first; export: write them as JSON lines (the "
-                        "bank file of --method offline, bank.offline_path)")
+                        "bank file of --method offline, bank.offline_path); replay: how many entries work on "
+                        "their level (moves replayed; a FACT: names the goal cell)")
     b.add_argument("run_dir", help="a run folder: its newest checkpoint's bank is read")
     b.add_argument("--task", type=int, default=None, metavar="N", help="show: only the entries of task N")
     b.add_argument("--top", type=int, default=None, metavar="N", help="show: only the N most retrieved entries")

@@ -18,7 +18,6 @@ import jax.numpy as jnp
 
 from crl_jax import loop
 from crl_jax.actor.evaluate import evaluate_all
-from crl_jax.actor.rollout import play
 from crl_jax.config import load
 from crl_jax.loop.runtime import build
 
@@ -51,11 +50,8 @@ def main(argv=None):
 
     prep = jax.jit(lambda s: loop.prepare(rt, s))
 
-    def play_fn(s, p):
-        return play(s.actor.graphdef, s.actor.params, rt.env, rt.renderer, rt.tiny.seg, rt.tiny.action_ids,
-                    loop.step_keys(s).roll, tasks=p.tasks, task_tokens=p.task_tokens, task_len=p.task_len,
-                    exp=p.exp, exp_len=p.exp_len, has_exp=p.has_exp, num_turns=rt.num_turns,
-                    temperature=c.actor.temperature, turn_marker=c.rollout.turn_marker)
+    def play_fn(s, p):  # what the loop plays (`loop.iteration`): the backend's rollouts with their options
+        return rt.backend.play(rt, s, p, loop.step_keys(s).roll)
 
     play_j = jax.jit(play_fn)
     fin = jax.jit(lambda s, p, e: loop.finish(rt, s, p, e))

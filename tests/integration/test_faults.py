@@ -5,6 +5,7 @@ program, shared in-process and, through the session's compilation cache, by the 
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -529,6 +530,22 @@ def test_a_full_disk_is_one_line_and_the_librarys_error_logs_are_dropped(tmp_pat
     code, err = crl_main(capsys, "train", "--quiet", "--steps", "1", "--out", str(tmp_path / "r"), *TINY)
     assert code == 2 and len(err) == 1 and "No space left on device" in err[0], err
     assert "traceback follows" not in caplog.text
+
+
+def test_bank_replay_reports_the_final_rows_replay_share(straight, capsys):
+    """`crl-jax bank replay RUN` replays the newest checkpoint's bank: its share is the last evaluation row's
+    `bank_replay_success` (the same bank, the same function)."""
+    last = read_csv(os.path.join(straight, "metrics.csv"))[-1]
+    capsys.readouterr()
+    try:
+        cli.main(["bank", "replay", str(straight)])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    out = capsys.readouterr().out.strip().splitlines()
+    m = re.fullmatch(r"bank: (\d+) entries, ([\d.]+) replay to success \(([\d.]+|nan)\)", out[-1])
+    assert m and int(m[1]) > 0, out
+    assert float(m[3]) == pytest.approx(float(last["bank_replay_success"]), abs=5e-4)
+    assert float(m[2]) == pytest.approx(int(m[1]) * float(m[3]), abs=0.06)
 
 
 def test_cut_summary_and_killed_export_are_detected(straight, tmp_path, capsys, monkeypatch):
