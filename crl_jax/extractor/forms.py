@@ -11,7 +11,8 @@ where `<form>` is one of `form_ids = (<MOVES>, <FACT>)`:
 
 The form token is sampled like the op token and trained with it (it is a response token of the CISPO loss);
 which form helps is left to RL. The stored entry carries no form token: a FACT entry is recognised by its
-first token being a row token (`crl_jax.envs.compact.is_fact`), so MOVES entries are the same token sequences as without forms.
+first token being a row token (`crl_jax.envs.compact.is_fact`), so MOVES entries are the same token sequences as
+without forms.
 
 `parse_form` is lenient about what follows a well-formed entry: a MOVES entry is the leading run of action
 tokens after the form token, a FACT entry the first two tokens when they are a row and a column token; the

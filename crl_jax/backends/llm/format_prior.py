@@ -35,9 +35,9 @@ from flax import nnx
 
 from crl_jax.backends.llm import host_prior
 from crl_jax.backends.llm.host_prior import is_host
-from crl_jax.backends.llm.prior_rows import (ADD_P, MAX_PRIOR_TURNS, distill_budget, lesson, op_reply, pick, reply_width,
-                                          rt_tables, teacher_forced)
-from crl_jax.backends.llm.prompt_pieces import actor_head, distill_prompt, user_turn
+from crl_jax.backends.llm.prior_rows import (ADD_P, MAX_PRIOR_TURNS, actor_row, distill_budget, op_reply, pick,
+                                          reply_width, rt_tables, teacher_forced)
+from crl_jax.backends.llm.prompt_pieces import distill_prompt
 from crl_jax.envs.adapters import names as adapter_names
 from crl_jax.models import lora
 from crl_jax.models import transformer as tr
@@ -56,20 +56,15 @@ def actor_rows(rt, key, n: int):
     on a random board, target = a random move in the answer format -> (tokens [n, W], mask [n, W])."""
     if is_host(rt):
         return host_prior.actor_rows(rt, key, n)
-    p, t = rt.llm.actor_pieces, rt_tables(rt)
+    t = rt_tables(rt)
     tt = jnp.concatenate([rt.train_task_tokens, rt.eval_task_tokens])
     tl = jnp.concatenate([rt.train_task_len, rt.eval_task_len])
-    W = p.head_cap + p.turn_cap
 
     def one(k):
         ks = jax.random.split(k, 5)
-        task = jax.random.randint(ks[0], (), 0, tt.shape[0])
-        exp, exp_len = lesson(rt, ks[1], p.entry_cap)
-        head = actor_head(p, exp, exp_len, jax.random.uniform(ks[2]) < 0.5, tt[task], tl[task])
         obs, obs_len = rt.renderer(_random_obs(rt, ks[3]))
-        prompt, plen = pack_segments([head] + user_turn(p, 0, jnp.bool_(False), obs, obs_len))
         reply, rlen = pack_segments([pick(t["moves"], ks[4]), t["move_close"]])
-        return teacher_forced(prompt, plen, reply, rlen, W)
+        return actor_row(rt, ks, tt, tl, obs, obs_len, reply, rlen)
 
     return jax.vmap(one)(jax.random.split(key, n))
 

@@ -28,10 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from crl_jax.backends.llm.prior_rows import MAX_PRIOR_TURNS, answer_affixes, distill_budget, lesson, op_reply, \
+from crl_jax.backends.llm.prior_rows import MAX_PRIOR_TURNS, actor_row, answer_affixes, distill_budget, op_reply, \
     reply_width, teacher_forced
-from crl_jax.backends.llm.prompt_pieces import actor_head, distill_prompt, user_turn
-from crl_jax.text.packing import pack_segments
+from crl_jax.backends.llm.prompt_pieces import distill_prompt
 
 HOST_PRIOR_VERSION = 1  # bump when the host rows change: old caches then miss
 WALK = 3  # random commands played from each game's start: states 0..WALK of every game are collected
@@ -135,20 +134,15 @@ def _tasks(rt):
 def actor_rows(rt, key, n: int):
     """`n` one-turn actor rows on collected states; target = one of the state's commands, uniformly
     -> (tokens [n, W], mask [n, W])."""
-    p, s = rt.llm.actor_pieces, host_samples(rt)
+    s = host_samples(rt)
     tt, tl = _tasks(rt)
     obs, obs_len, rep, rep_len, count = (jnp.asarray(x) for x in (s.obs, s.obs_len, s.replies, s.reply_len, s.count))
-    W = p.head_cap + p.turn_cap
 
     def one(k):
         ks = jax.random.split(k, 5)
-        task = jax.random.randint(ks[0], (), 0, tt.shape[0])
-        exp, exp_len = lesson(rt, ks[1], p.entry_cap)
-        head = actor_head(p, exp, exp_len, jax.random.uniform(ks[2]) < 0.5, tt[task], tl[task])
         i = jax.random.randint(ks[3], (), 0, obs.shape[0])
-        prompt, plen = pack_segments([head] + user_turn(p, 0, jnp.bool_(False), obs[i], obs_len[i]))
         c = jax.random.randint(ks[4], (), 0, count[i])
-        return teacher_forced(prompt, plen, rep[i, c], rep_len[i, c], W)
+        return actor_row(rt, ks, tt, tl, obs[i], obs_len[i], rep[i, c], rep_len[i, c])
 
     return jax.vmap(one)(jax.random.split(key, n))
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from crl_jax.backends.llm.pieces import token_row, token_table
+from crl_jax.backends.llm.prompt_pieces import actor_head, user_turn
 from crl_jax.text.packing import pack_segments
 
 ADD_P = 2.0 / 3.0  # share of `add` targets in the synthetic distillation rows
@@ -123,3 +124,15 @@ def teacher_forced(prompt, plen, reply, rlen, width: int):
     toks, total = pack_segments([(prompt, plen), (reply, rlen)], size=width)
     t = jnp.arange(width)
     return toks, (t >= plen) & (t < total)
+
+
+def actor_row(rt, ks, task_tokens, task_len, obs, obs_len, reply, reply_len):
+    """One actor row of the format prior: the loop's head (a random task of `task_tokens` [n, L]; half the rows with
+    a random lesson as experience) and its first turn showing `obs`, target `reply` -> (tokens [W], mask [W]).
+    `ks`: the row's keys (task, lesson, experience on/off = ks[0..2]; the callers draw obs and reply from the rest)."""
+    p = rt.llm.actor_pieces
+    task = jax.random.randint(ks[0], (), 0, task_tokens.shape[0])
+    exp, exp_len = lesson(rt, ks[1], p.entry_cap)
+    head = actor_head(p, exp, exp_len, jax.random.uniform(ks[2]) < 0.5, task_tokens[task], task_len[task])
+    prompt, plen = pack_segments([head] + user_turn(p, 0, jnp.bool_(False), obs, obs_len))
+    return teacher_forced(prompt, plen, reply, reply_len, p.head_cap + p.turn_cap)
