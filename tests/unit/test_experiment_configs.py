@@ -1,0 +1,30 @@
+"""Every file of experiments/configs loads: a sweep file (it names seeds, a grid or points) expands into members
+whose configs validate, any other file is a config that `load` accepts. The docs give each as a command to run."""
+
+import os
+
+import pytest
+import yaml
+
+from crl_jax.config import load
+from crl_jax.infra.sweep_spec import expand, load_spec
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "experiments",
+                       "configs")
+FILES = sorted(f for f in os.listdir(CONFIGS) if f.endswith(".yaml"))
+
+
+def test_the_folder_holds_configs():
+    assert {"default.yaml", "families.yaml", "families_confirm.yaml"} <= set(FILES)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_each_experiment_config_loads(name, tmp_path):
+    path = os.path.join(CONFIGS, name)
+    with open(path, encoding="utf-8") as f:
+        d = yaml.safe_load(f) or {}
+    if {"seeds", "grid", "points"} & set(d):
+        members = expand(load_spec(path), str(tmp_path))
+        assert members and len({m.run_dir for m in members}) == len(members)
+    else:
+        load(path, [])
