@@ -87,6 +87,12 @@ def replay_share(env, action_ids, bank, level_queries, tasks, reset_keys, render
                        bank.valid)
 
 
+def can_replay(rt) -> bool:
+    """Entries replay only as the tiny models' tokens on a built-in env (an LLM's entries are text, a host game
+    has no pure step function)."""
+    return rt.backend.name == "builtin" and rt.tiny is not None
+
+
 def entry_replays(rt, bank) -> jax.Array:
     """[N] float32: for each bank entry of a Runtime of the tiny models on a built-in env, the share of its
     level's replay layouts on which it succeeds (0 or 1 on fixed levels; over `REPLAY_LAYOUTS` evaluation layouts

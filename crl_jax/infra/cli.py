@@ -163,11 +163,11 @@ def bank_replay_report(rt, bank) -> str:
     import jax
     import numpy as np
 
-    from crl_jax.actor.replay import entry_replays
+    from crl_jax.actor.replay import can_replay, entry_replays
     from crl_jax.config import ConfigError
     from crl_jax.envs.compact import is_fact
 
-    if rt.backend.name != "builtin" or rt.tiny is None:
+    if not can_replay(rt):
         raise ConfigError("bank replay replays the tiny models' entries on a built-in environment; this run has none")
     ok = np.asarray(jax.jit(lambda b: entry_replays(rt, b))(bank))
     valid = np.asarray(bank.valid, bool)

@@ -34,7 +34,7 @@ from flax import struct
 from crl_jax import bank as bank_lib
 from crl_jax.actor.evaluate import evaluate_all
 from crl_jax.actor.experience import guided_mask, query_from_observation, retrieve_entries
-from crl_jax.actor.replay import bank_replay_success
+from crl_jax.actor.replay import bank_replay_success, can_replay
 from crl_jax.actor.rollout import first_observation
 from crl_jax.bank.io import load_jsonl
 from crl_jax.config import ConfigError
@@ -331,7 +331,7 @@ REPLAY_KEYS = ("bank_replay_success",)
 def bank_replay(rt: Runtime, state: LoopState) -> dict:
     """At evaluation: the share of the bank's valid entries whose plan succeeds when replayed on its level
     (`actor.replay`; the tiny models' plans on a built-in env, NaN on other paths and without a bank)."""
-    if rt.backend.name != "builtin" or rt.tiny is None:
+    if not can_replay(rt):
         return {"bank_replay_success": jnp.float32(jnp.nan)}
     v = bank_replay_success(rt, state.bank)
     return {"bank_replay_success": jnp.where(state.flags.uses_bank, v, jnp.nan).astype(jnp.float32)}
