@@ -159,7 +159,8 @@ def cmd_bank(args):
 
 def bank_replay_report(rt, bank) -> str:
     """`bank replay`: how many of the bank's valid entries work on their level (`actor.replay.entry_replays`),
-    with the entry forms split into FACT and MOVES entries."""
+    with the entry forms split into FACT and MOVES entries, after how many have been tried (credited by a guided
+    rollout: only those have rewarded the extractor sample that wrote them)."""
     import jax
     import numpy as np
 
@@ -179,7 +180,9 @@ def bank_replay_report(rt, bank) -> str:
         share = ok[m].mean() if n else float("nan")
         return f"{name}: {n} entries, {float(ok[m].sum()):.1f} replay to success ({share:.3f})"
 
-    rows = [line("bank", valid)]
+    tried = valid & (np.asarray(bank.total_credit_count) > 0)  # entries whose write has earned a reward
+    rows = [f"tried: {int(tried.sum())} of {int(valid.sum())} entries have guided a rollout, "
+            f"{float(ok[tried].sum()):.1f} of them replay to success", line("bank", valid)]
     if rt.tiny.row_ids is not None:
         rows += ["  " + line("FACT", valid & fact), "  " + line("MOVES", valid & ~fact)]
     return "\n".join(rows)

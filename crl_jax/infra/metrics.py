@@ -27,7 +27,7 @@ COLUMNS = ("step", "env_steps", "success_guided", "success_free", "eval_heldin_w
 LEARNING = ("ops_add_rate_success", "ops_add_rate_fail", "ops_update_rate_success", "ops_update_rate_fail",
             "retrieved_credit_pos", "op_entropy", "bank_replay_success")
 EXTRA = ("success_all", "retrieved_frac", "episode_turns", "ops_add", "ops_update", "ops_return", "ops_invalid",
-         "merged_entries", "buffer_overflow", "extractor_ready", "adv_abs_mean", "actor/clip_frac",
+         "merged_entries", "buffer_overflow", "credit_dropped", "extractor_ready", "adv_abs_mean", "actor/clip_frac",
          "actor/approx_kl", "actor/entropy", "extractor/ratio_mean", "actor/nonfinite", "extractor/nonfinite",
          "ops_return_trained", "ops_update_unretrieved", "ops_invalid_trained") + LEARNING
 ALL_COLUMNS = COLUMNS + EXTRA

@@ -280,6 +280,8 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
                                        ops[4] / jnp.maximum(n_failed_ep, 1), jnp.nan).astype(jnp.float32),
         "merged_entries": n_merged.astype(jnp.float32),
         "buffer_overflow": buffer.overflow_count.astype(jnp.float32),
+        # rewards that found their sample gone (evicted from the buffer before its entry was first tried)
+        "credit_dropped": buffer.dropped.astype(jnp.float32),
         # is the extractor learning? (loop/diagnostics.py)
         **{k_: jnp.where(flags.edits_bank, v, jnp.nan).astype(jnp.float32)
            for k_, v in diagnostics.op_rates(per_ep[0], per_ep[1], success, mask).items()},

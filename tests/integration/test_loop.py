@@ -64,6 +64,9 @@ def test_methods_and_ablations_share_one_program_and_run(extra):
     state, m = _run_chunk(cfg)
     assert int(state.step) == 2
     assert np.all(np.isfinite(np.asarray(m["success_all"])))
+    # the buffer's cumulative losses reach the metrics: evicted untrained samples, rewards for evicted samples
+    assert float(m["buffer_overflow"][-1]) == int(state.buffer.overflow_count)
+    assert float(m["credit_dropped"][-1]) == int(state.buffer.dropped)
     bank_size = np.asarray(m["bank_size"])
     if cfg.method == "grpo":
         assert np.all(np.isnan(np.asarray(m["success_guided"]))) and bank_size[-1] == 0
