@@ -331,13 +331,11 @@ def validate(cfg) -> None:
     need(cfg.loss.head_chunk >= 0, "loss.head_chunk", "must be >= 0 (0 = the vocabulary-tiled path)")
     need(cfg.extraction.epochs >= 1, "extraction.epochs", "must be >= 1")
     need(0.0 <= cfg.extraction.op_explore < 1.0, "extraction.op_explore", "must be in [0, 1) (0 = off)")
-    need(cfg.extraction.op_explore == 0.0 or cfg.extractor.preset == "tiny", "extraction.op_explore",
-         "explores the tiny extractor's op token; an LLM's reply has no op token first (set 0)")
     need(cfg.extraction.op_weight > 0.0, "extraction.op_weight", "must be > 0 (1 = the plain token mean)")
-    need(cfg.extraction.op_weight == 1.0 or cfg.extractor.preset == "tiny", "extraction.op_weight",
-         "weights the tiny extractor's op token; an LLM's reply has no op token first (set 1)")
-    need(not cfg.extraction.outcome_last or cfg.extractor.preset == "tiny", "extraction.outcome_last",
-         "moves the tiny distillation prompt's outcome token; the LLM path has its own prompt (set false)")
+    # the tiny extractor's op token and distillation prompt: an LLM's reply has no op token first, its prompt is its own
+    for name, off in (("op_explore", 0.0), ("op_weight", 1.0), ("outcome_last", False), ("oracle_write_reward", False)):
+        need(getattr(cfg.extraction, name) == off or cfg.extractor.preset == "tiny", f"extraction.{name}",
+             f"is a tiny-extractor option: its op token, its distillation prompt (set {str(off).lower()})")
     need(cfg.extraction.update_unretrieved in ("add", "ignore"), "extraction.update_unretrieved",
          "must be 'add' (an UPDATE with nothing retrieved writes a new entry) or 'ignore' (it writes nothing)")
     need(cfg.extraction.return_samples >= 0, "extraction.return_samples", "must be >= 0 (0 = RETURN is never trained)")

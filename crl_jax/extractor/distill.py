@@ -36,6 +36,7 @@ from crl_jax import bank as bank_lib
 from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.extractor.forms import FACT, parse_form
 from crl_jax.extractor.ops import build_distill_prompt, parse_constrained
+from crl_jax.losses.credit import outcome_scores
 from crl_jax.models import transformer as tr
 from crl_jax.sampling import SamplerConfig, sample_tokens
 
@@ -204,6 +205,8 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
     pad2 = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))  # noqa: E731
     buffer, ids = rt.buffer_ops.add_many(buffer, pad2(prompts, P), plen, pad2(resp, R), rlen, pad2(logp, R), step,
                                          writes)
+    if cfg.extraction.oracle_write_reward:  # the diagnostic oracle: each write's reward now, its episode's outcome
+        buffer = rt.buffer_ops.credit(buffer, ids, outcome_scores(episodes.success), jnp.ones_like(ids), writes)
 
     bank = apply_operations(rt.bank_ops, bank, writes, op, entry, entry_len, keys, slots, ids, key, step,
                             fallback_add=cfg.extraction.update_unretrieved == "add")

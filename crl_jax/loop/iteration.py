@@ -206,7 +206,7 @@ def finish(rt: Runtime, state: LoopState, p: Prepared, ep):
     bank = rt.bank_ops.credit(p.bank, outcome.sum, outcome.count)
     credited = er.count > 0
     buffer = rt.buffer_ops.credit(state.buffer, bank.source, er.mean, jnp.ones_like(er.count),
-                                  credited & (bank.source >= 0))
+                                  credited & (bank.source >= 0) & (not cfg.extraction.oracle_write_reward))
     # pruning (our extension): entries whose credit this step is below `bank.prune_below` are removed
     bank, n_pruned = rt.bank_ops.prune(bank, er.mean, credited & flags.edits_bank)
 

@@ -41,6 +41,20 @@ def _run_chunk(cfg, steps=2, seed=0):
     return loop.compiled_chunk(rt, steps)(state, jnp.int32(steps))
 
 
+def test_oracle_write_reward_credits_each_write_once_at_once():
+    """The diagnostic oracle: every write sample is credited when it is written, with its episode's +-1 outcome,
+    and never again (entry credit does not reach the buffer), so no reward is dropped."""
+    cfg = micro("extraction.oracle_write_reward=true", "extraction.buffer_capacity=64", "extraction.merge=false")
+    state, m = _run_chunk(cfg)
+    buf = state.buffer
+    valid = np.asarray(buf.valid)
+    assert valid.sum() == int(buf.next_id) == np.asarray(m["ops_add"]).sum() + np.asarray(m["ops_update"]).sum() > 0
+    np.testing.assert_array_equal(np.asarray(buf.total_uses)[valid], 1)
+    assert int(buf.dropped) == 0
+    pending = valid & (np.asarray(buf.reward_count) > 0)  # not yet trained: the reward is the +-1 outcome itself
+    assert set(np.asarray(buf.reward_sum)[pending].tolist()) <= {-1.0, 1.0}
+
+
 def test_vmapped_seeds_equal_single_runs():
     """`jax.vmap(train)` over two keys == each seed run alone (through the CLI's chunk program)."""
     cfg = micro("steps=2")

@@ -145,3 +145,22 @@ def test_archive_method_flags_and_config():
     assert not bool(MethodFlags.from_config(load(None, ["method=crl"])).archive)
     with pytest.raises(ConfigError, match="method: archive"):
         load(None, ["method=archive", "actor.preset=smollm2-135m", "extractor.preset=smollm2-135m"])
+
+
+def test_reward_signal_windows_literal():
+    """experiments/reward_signal.py's table on two literal steps of 4 rollouts (2 guided, 2 free)."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "reward_signal.py")
+    spec = importlib.util.spec_from_file_location("reward_signal", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    b = lambda *v: np.asarray(v, bool)  # noqa: E731
+    rows = [dict(ok=b(1, 0, 0, 0), used=b(1, 1, 0, 0), success=b(1, 0, 1, 0), guided=b(1, 1, 0, 0),
+                 tried=b(0, 0, 0, 0)),
+            dict(ok=b(1, 0, 0, 0), used=b(1, 1, 0, 0), success=b(1, 1, 0, 0), guided=b(1, 1, 0, 0),
+                 tried=b(1, 0, 0, 0))]
+    # works: 2 of 2 succeed; broken: 1 of 2; free: 1 of 4; used entries broken 2/4, tried before 1/4
+    assert mod.windows(rows) == ["steps 1-2: P(success | entry works) 1.00 (n=2), P(success | entry broken) 0.50 "
+                                 "(n=2), free 0.25 (n=4), used entries broken 0.50, tried before 0.25"]
+    assert len(mod.windows(rows, width=1)) == 2
