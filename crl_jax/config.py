@@ -173,9 +173,10 @@ class ExtractorConfig:
     #                             label, so the op is predicted at the outcome's own position; false: the outcome
     #                             right before the label (the prior then has to learn to attend to it; measured:
     #                             it does not within 300 supervised steps, METHOD.md §6)
-    oracle_write_reward: bool = False  # diagnostic oracle (tiny path), not the method: each write is credited at once
-    #                                    with its episode's +-1 outcome (on fixed levels a success's moves replay, a
-    #                                    failure's do not) and entry credit no longer reaches the buffer (RESULTS.md)
+    oracle_write_reward: bool = False  # diagnostic oracle (tiny path), not the method: each write credited at once with
+    #                                    its episode's +-1 outcome; entry credit no longer reaches the buffer (RESULTS.md)
+    baseline: Literal["batch_mean", "none"] = "batch_mean"  # extractor advantage r - the batch's mean reward (the paper)
+    #  or r itself ("none": for relative_to_free rewards, already relative to not writing; RESULTS.md)
     op_weight: float = 1.0  # tiny path: weight of the op token's term in the extractor's CISPO token mean (the
     #                         decision to write is 1 of ~20 response tokens); 1 = the paper's plain token mean
     op_explore: float = 0.0  # tiny path: the op token is drawn from (1 - this) * policy + this * uniform over the

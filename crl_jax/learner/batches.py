@@ -96,7 +96,7 @@ def extractor_batch(rt, buffer, step, ready, key=None, epochs: int = 1):
     mask = (t >= pl) & (t < total[:, None]) & b["valid"][:, None]
     src = jnp.clip(t - pl, 0, b["behavior_logp"].shape[1] - 1)
     blogp = jnp.where(mask, jnp.take_along_axis(b["behavior_logp"], src, axis=1), 0.0)
-    adv = losses.extractor_advantages(b["reward"], b["valid"], b["weight"])
+    adv = losses.extractor_advantages(b["reward"], b["valid"], b["weight"], rt.cfg.extraction.baseline)
     eb = ExtractorBatch(tokens=tokens, loss_mask=mask, behavior_logp=blogp, advantages=adv,
                         ready=jnp.asarray(ready, bool), response_width=b["response"].shape[1])
     E = epochs

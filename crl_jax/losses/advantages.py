@@ -118,11 +118,19 @@ def repeat_weights(times_trained: jax.Array, last_trained_step: jax.Array, step,
     return jnp.where(cool, 0.0, (1.0 + times_trained.astype(_F32)) ** (-power))
 
 
-def extractor_advantages(rewards: jax.Array, valid: jax.Array, weights: jax.Array) -> jax.Array:
-    """A_i = (r_i - mean_{j valid} r_j) * w_i, and 0 where not valid. [N], [N] bool, [N] -> [N] float32."""
+def extractor_advantages(rewards: jax.Array, valid: jax.Array, weights: jax.Array,
+                         baseline: str = "batch_mean") -> jax.Array:
+    """A_i = (r_i - mean_{j valid} r_j) * w_i, and 0 where not valid. [N], [N] bool, [N] -> [N] float32.
+
+    `baseline="none"`: A_i = r_i * w_i. The batch mean is one baseline for samples of different prompts: with
+    no-write decisions in the batch (`extraction.return_samples`) it compares a RETURN on a failed episode with
+    the batch's successful writes instead of with writing that episode, so it can teach writing failures. Rewards
+    already relative to not writing (`relative_to_free`, whose RETURN value is 0) need no baseline."""
     chex.assert_rank([rewards, valid, weights], 1)
     chex.assert_equal_shape([rewards, valid, weights])
     r = rewards.astype(_F32)
     v = valid.astype(bool)
-    mean = _safe_div(jnp.where(v, r, 0.0).sum(), v.sum().astype(_F32))
+    if baseline not in ("batch_mean", "none"):
+        raise ValueError(f"extractor baseline must be 'batch_mean' or 'none', got {baseline!r}")
+    mean = _safe_div(jnp.where(v, r, 0.0).sum(), v.sum().astype(_F32)) if baseline == "batch_mean" else 0.0
     return jnp.where(v, (r - mean) * weights.astype(_F32), 0.0)

@@ -47,6 +47,7 @@ def test_parse_overrides_nested():
     (["extraction.op_weight=4", "extractor.preset=smollm2-135m"], "extraction.op_weight"),
     (["extraction.outcome_last=true", "extractor.preset=smollm2-135m"], "extraction.outcome_last"),
     (["extraction.oracle_write_reward=true", "extractor.preset=smollm2-135m"], "extraction.oracle_write_reward"),
+    (["extraction.baseline=group"], "extraction.baseline"),
     (["bank.select=ucb"], "bank.select"),
     (["rollout.turn_block=-1"], "rollout.turn_block"),
     (["rollout.turn_block=8", "actor.preset=smollm2-135m"], "rollout.turn_block"),

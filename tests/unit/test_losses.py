@@ -7,6 +7,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import parameterized
 
 from crl_jax import losses as L
@@ -256,6 +257,12 @@ class ExtractorWeightingTest(chex.TestCase):
         np.testing.assert_allclose(a, [5 / 6, -7 / 12, 2 / 3, 0.0], rtol=1e-6)
         a = self.variant(L.extractor_advantages)(r, jnp.zeros(4, bool), jnp.ones(4))
         np.testing.assert_array_equal(a, 0.0)
+        # no baseline: A = r * w (rewards already relative to not writing)
+        a = self.variant(functools.partial(L.extractor_advantages, baseline="none"))(r, valid,
+                                                                                     jnp.array([1.0, 0.5, 2.0, 1.0]))
+        np.testing.assert_allclose(a, [1.0, -0.5, 1.0, 0.0], rtol=1e-6)
+        with pytest.raises(ValueError, match="baseline"):
+            L.extractor_advantages(r, valid, jnp.ones(4), baseline="group")
 
 
 if __name__ == "__main__":  # pragma: no cover
