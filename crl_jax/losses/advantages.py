@@ -118,6 +118,9 @@ def repeat_weights(times_trained: jax.Array, last_trained_step: jax.Array, step,
     return jnp.where(cool, 0.0, (1.0 + times_trained.astype(_F32)) ** (-power))
 
 
+BASELINES = ("batch_mean", "none")  # = the values of `extraction.baseline`
+
+
 def extractor_advantages(rewards: jax.Array, valid: jax.Array, weights: jax.Array,
                          baseline: str = "batch_mean") -> jax.Array:
     """A_i = (r_i - mean_{j valid} r_j) * w_i, and 0 where not valid. [N], [N] bool, [N] -> [N] float32.
@@ -130,7 +133,7 @@ def extractor_advantages(rewards: jax.Array, valid: jax.Array, weights: jax.Arra
     chex.assert_equal_shape([rewards, valid, weights])
     r = rewards.astype(_F32)
     v = valid.astype(bool)
-    if baseline not in ("batch_mean", "none"):
-        raise ValueError(f"extractor baseline must be 'batch_mean' or 'none', got {baseline!r}")
+    if baseline not in BASELINES:
+        raise ValueError(f"extractor baseline must be one of {BASELINES}, got {baseline!r}")
     mean = _safe_div(jnp.where(v, r, 0.0).sum(), v.sum().astype(_F32)) if baseline == "batch_mean" else 0.0
     return jnp.where(v, (r - mean) * weights.astype(_F32), 0.0)
