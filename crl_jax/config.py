@@ -175,8 +175,8 @@ class ExtractorConfig:
     #                             it does not within 300 supervised steps, METHOD.md §6)
     oracle_write_reward: bool = False  # diagnostic oracle (tiny path), not the method: each write credited at once with
     #                                    its episode's +-1 outcome; entry credit no longer reaches the buffer (RESULTS.md)
-    baseline: Literal["batch_mean", "none"] = "batch_mean"  # extractor advantage r - the batch's mean reward (the paper)
-    #  or r itself ("none": for relative_to_free rewards, already relative to not writing; RESULTS.md)
+    baseline: Literal["batch_mean", "none", "outcome_mean"] = "batch_mean"  # extractor advantage r - the batch's mean
+    #  (the paper), r ("none"), or r - the mean of the samples of its outcome ("outcome_mean", needs outcome_last)
     op_weight: float = 1.0  # tiny path: weight of the op token's term in the extractor's CISPO token mean (the
     #                         decision to write is 1 of ~20 response tokens); 1 = the paper's plain token mean
     op_explore: float = 0.0  # tiny path: the op token is drawn from (1 - this) * policy + this * uniform over the

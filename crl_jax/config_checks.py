@@ -336,6 +336,8 @@ def validate(cfg) -> None:
     for name, off in (("op_explore", 0.0), ("op_weight", 1.0), ("outcome_last", False), ("oracle_write_reward", False)):
         need(getattr(cfg.extraction, name) == off or cfg.extractor.preset == "tiny", f"extraction.{name}",
              f"is a tiny-extractor option: its op token, its distillation prompt (set {str(off).lower()})")
+    need(cfg.extraction.baseline != "outcome_mean" or cfg.extraction.outcome_last, "extraction.baseline",
+         "'outcome_mean' groups samples by their prompt's last token: set extraction.outcome_last=true")
     need(cfg.extraction.update_unretrieved in ("add", "ignore"), "extraction.update_unretrieved",
          "must be 'add' (an UPDATE with nothing retrieved writes a new entry) or 'ignore' (it writes nothing)")
     need(cfg.extraction.return_samples >= 0, "extraction.return_samples", "must be >= 0 (0 = RETURN is never trained)")

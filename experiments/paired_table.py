@@ -5,7 +5,7 @@ The demo's comparison table, e.g. after experiments/configs/confirm_8seeds.yaml:
     python experiments/paired_table.py runs/confirm_8seeds 10-17
 
 `--crl POINT` lets another point play CRL's part in that table (a candidate against grpo, static_online and
-archive run beside it). `--candidates a,b,... [--base crl]` instead writes one row per point (held-in with
+archive run beside it), `--role static_online=POINT` (likewise grpo, archive) a control's. `--candidates a,b,... [--base crl]` instead writes one row per point (held-in with
 experience, guided - free, the extractor's write rates, bank replay) and each point minus the base, paired:
 
     python experiments/paired_table.py runs/coevolve_tune 300-303 --candidates outcome_last,paired --base crl
@@ -86,6 +86,8 @@ def main():
     p.add_argument("out")
     p.add_argument("seeds", nargs="?", default="10-17", help="first-last")
     p.add_argument("--crl", default="crl", help="the point that plays CRL's part in the demo table")
+    p.add_argument("--role", action="append", default=[], metavar="ROLE=POINT",
+                   help="a point that plays a control's part in the demo table (grpo, static_online, archive)")
     p.add_argument("--candidates", default="", help="comma-separated points: the candidate table instead")
     p.add_argument("--base", default="crl", help="the candidate table's baseline point")
     a = p.parse_args()
@@ -97,6 +99,7 @@ def main():
         path = os.path.join(a.out, "candidates.txt")
     else:
         roles = {"crl": a.crl, "grpo": "grpo", "static_online": "static_online", "archive": "archive"}
+        roles.update(r.split("=", 1) for r in a.role)
         t = comparison_table({r: load(m) for r, m in roles.items() if os.path.isdir(os.path.join(a.out, m))})
         path = os.path.join(a.out, "comparison.txt" if a.crl == "crl" else f"comparison_{a.crl}.txt")
     with open(path, "w") as f:

@@ -37,32 +37,47 @@ def pool_setup(rt, state, heldout: bool):
     """The evaluation episodes of one pool, shared by the tiny and the LLM path: (env, renderer, key, tasks [n],
     task tokens [n, Lt], lengths [n], retrieved exp [n, L], exp_len [n], has [n]) — the first n tasks, a
     fixed key, plain top-1 retrieval (no diversity bookkeeping) for methods with a bank."""
+    env, renderer, key, tasks, tt, tl, _, exp, exp_len, has = pool_retrieval(rt, state, heldout, state.bank)
+    return env, renderer, key, tasks, tt, tl, exp, exp_len, has
+
+
+def pool_retrieval(rt, state, heldout: bool, bank):
+    """`pool_setup` from `bank` (e.g. the state's bank with some entries left out), with the retrieved slots:
+    (env, renderer, key, tasks, task tokens, lengths, slots [n] (-1: none), exp, exp_len, has)."""
     env, tasks, key = pool_episodes(rt.eval_env if heldout else rt.env, rt.cfg.eval.tasks, heldout)
     renderer = rt.eval_renderer if heldout else rt.renderer
     n = tasks.shape[0]
     tt = (rt.eval_task_tokens if heldout else rt.train_task_tokens)[tasks]
     tl = (rt.eval_task_len if heldout else rt.train_task_len)[tasks]
     q = query_keys(rt.embedder, env, renderer, key, tasks, tt, tl)
-    _, _, exp, exp_len, has = retrieve_entries(rt.bank_ops, state.bank, None, state.step, q,
-                                               jnp.broadcast_to(state.flags.uses_bank, (n,)), diverse=False)
-    return env, renderer, key, tasks, tt, tl, exp, exp_len, has
+    _, slots, exp, exp_len, has = retrieve_entries(rt.bank_ops, bank, None, state.step, q,
+                                                   jnp.broadcast_to(state.flags.uses_bank, (n,)), diverse=False)
+    return env, renderer, key, tasks, tt, tl, slots, exp, exp_len, has
+
+
+def greedy_success(rt, state, env, renderer, key, tasks, task_tokens, task_len, variants) -> jax.Array:
+    """[V, n] float32: each of the n pool episodes played once per experience variant, all as one batch with the
+    same reset keys (same level and env randomness in every variant). `variants`: V tuples (exp [n, L],
+    exp_len [n], has [n]); evaluation plays (retrieved, none), `bank replay` also the pick among working entries."""
+    cfg = rt.cfg
+    n, v = tasks.shape[0], len(variants)
+    rep = lambda x: jnp.concatenate([x] * v, 0)  # noqa: E731  rows [i n, (i + 1) n): variant i
+    cat = lambda i: jnp.concatenate([var[i] for var in variants], 0)  # noqa: E731
+    temp = 0.0 if cfg.eval.greedy else cfg.actor.temperature
+    ep = play(state.actor.graphdef, state.actor.params, env, renderer, rt.tiny.seg, rt.tiny.action_ids, key,
+              tasks=rep(tasks), task_tokens=rep(task_tokens), task_len=rep(task_len), exp=cat(0), exp_len=cat(1),
+              has_exp=cat(2), num_turns=rt.num_turns, temperature=temp, turn_marker=cfg.rollout.turn_marker,
+              reset_keys=rep(episode_reset_keys(key, n)), share_prefix=cfg.rollout.share_prefix, prefix_block=n,
+              turn_block=cfg.rollout.turn_block)
+    return ep.success.astype(jnp.float32).reshape(v, n)
 
 
 def evaluate_pool(rt, state, *, heldout: bool) -> tuple[jax.Array, jax.Array]:
     """(success with experience, success without) [] of greedy episodes on one pool."""
-    cfg = rt.cfg
     env, renderer, key, tasks, tt, tl, exp, exp_len, has = pool_setup(rt, state, heldout)
-    n = tasks.shape[0]
-    two = lambda x: jnp.concatenate([x, x], 0)  # noqa: E731  rows [0, n): with experience, [n, 2n): without
-    temp = 0.0 if cfg.eval.greedy else cfg.actor.temperature
-    # Both halves get the same reset keys: same level and env randomness with and without experience.
-    ep = play(state.actor.graphdef, state.actor.params, env, renderer, rt.tiny.seg, rt.tiny.action_ids, key,
-              tasks=two(tasks), task_tokens=two(tt), task_len=two(tl), exp=two(exp), exp_len=two(exp_len),
-              has_exp=jnp.concatenate([has, jnp.zeros_like(has)]), num_turns=rt.num_turns, temperature=temp,
-              turn_marker=cfg.rollout.turn_marker, reset_keys=two(episode_reset_keys(key, n)),
-              share_prefix=cfg.rollout.share_prefix, prefix_block=n, turn_block=cfg.rollout.turn_block)
-    s = ep.success.astype(jnp.float32)
-    return s[:n].mean(), s[n:].mean()
+    s = greedy_success(rt, state, env, renderer, key, tasks, tt, tl,
+                       [(exp, exp_len, has), (exp, exp_len, jnp.zeros_like(has))])
+    return s[0].mean(), s[1].mean()
 
 
 def evaluate_all(rt, state, pool_fn=None) -> dict:

@@ -93,14 +93,21 @@ def can_replay(rt) -> bool:
     return rt.backend.name == "builtin" and rt.tiny is not None
 
 
+def level_queries(rt):
+    """(tasks [n], key, queries [n, D]) of the training pool's levels as replay sees them (`REPLAY_KEY`): an
+    entry's level is the one whose query its key matches best (`entry_levels`)."""
+    tasks = jnp.arange(rt.env.num_tasks, dtype=jnp.int32)
+    key = jax.random.key(REPLAY_KEY)
+    return tasks, key, query_keys(rt.embedder, rt.env, rt.renderer, key, tasks, rt.train_task_tokens,
+                                  rt.train_task_len)
+
+
 def entry_replays(rt, bank) -> jax.Array:
     """[N] float32: for each bank entry of a Runtime of the tiny models on a built-in env, the share of its
     level's replay layouts on which it succeeds (0 or 1 on fixed levels; over `REPLAY_LAYOUTS` evaluation layouts
     of its family where episodes draw their own layouts)."""
     n = rt.env.num_tasks
-    tasks = jnp.arange(n, dtype=jnp.int32)
-    key = jax.random.key(REPLAY_KEY)
-    q = query_keys(rt.embedder, rt.env, rt.renderer, key, tasks, rt.train_task_tokens, rt.train_task_len)
+    tasks, key, q = level_queries(rt)
     fact = (rt.renderer, rt.tiny.row_ids)
     if not getattr(rt.env, "episode_layouts", False):
         return replay_ok(rt.env, rt.tiny.action_ids, bank, q, tasks, episode_reset_keys(key, n), *fact

@@ -8,6 +8,7 @@
     crl-jax sweep --config SWEEP.yaml --out DIR [--seeds N] [--steps N] [--dry-run]   # seeds x grid, any path
     crl-jax eval DIR                      # evaluate the latest checkpoint of a run folder
     crl-jax demo [--seeds 5] [--methods crl,grpo] [--out runs/demo]   # the README's main job: table + plot
+    crl-jax demo --preset coevolve [--seeds N]                       # the extractor-learning options (docs/USAGE.md)
     crl-jax demo --preset families [--seeds N]                       # the family testbed (docs/USAGE.md)
     crl-jax plot DIR [DIR ...] [--out FILE]
     crl-jax bank show DIR [--task N] [--top N] | crl-jax bank export DIR --out FILE.jsonl
@@ -147,7 +148,9 @@ def cmd_bank(args):
         raise ConfigError(f"bank export --out {args.out} is a folder; name a file (e.g. {args.out}/bank.jsonl)")
     _, rt, state, _ = _restore_run(args.run_dir)
     if args.action == "replay":
-        print(bank_replay_report(rt, state.bank))
+        from crl_jax.infra.bank_report import bank_replay_report
+
+        print(bank_replay_report(rt, state))
     elif args.action == "show":
         print(format_entries(state.bank, rt.tokenizer, task=args.task, top=args.top))
     else:
@@ -155,37 +158,6 @@ def cmd_bank(args):
             raise ConfigError("bank export needs --out FILE.jsonl")
         export_jsonl(state.bank, rt.tokenizer, args.out)
         print(args.out)
-
-
-def bank_replay_report(rt, bank) -> str:
-    """`bank replay`: how many of the bank's valid entries work on their level (`actor.replay.entry_replays`),
-    with the entry forms split into FACT and MOVES entries, after how many have been tried (credited by a guided
-    rollout: only those have rewarded the extractor sample that wrote them)."""
-    import jax
-    import numpy as np
-
-    from crl_jax.actor.replay import can_replay, entry_replays
-    from crl_jax.config import ConfigError
-    from crl_jax.envs.compact import is_fact
-
-    if not can_replay(rt):
-        raise ConfigError("bank replay replays the tiny models' entries on a built-in environment; this run has none")
-    ok = np.asarray(jax.jit(lambda b: entry_replays(rt, b))(bank))
-    valid = np.asarray(bank.valid, bool)
-    fact = (np.asarray(is_fact(bank.tokens, bank.lengths, rt.tiny.row_ids), bool) if rt.tiny.row_ids is not None
-            else np.zeros_like(valid))
-
-    def line(name, m):
-        n = int(m.sum())
-        share = ok[m].mean() if n else float("nan")
-        return f"{name}: {n} entries, {float(ok[m].sum()):.1f} replay to success ({share:.3f})"
-
-    tried = valid & (np.asarray(bank.total_credit_count) > 0)  # entries whose write has earned a reward
-    rows = [f"tried: {int(tried.sum())} of {int(valid.sum())} entries have guided a rollout, "
-            f"{float(ok[tried].sum()):.1f} of them replay to success", line("bank", valid)]
-    if rt.tiny.row_ids is not None:
-        rows += ["  " + line("FACT", valid & fact), "  " + line("MOVES", valid & ~fact)]
-    return "\n".join(rows)
 
 
 def cmd_pretrain(args):
@@ -317,10 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="the embedded default: CRL vs GRPO over seeds, table and plot")
     d.add_argument("--seeds", type=int, default=None, metavar="N",
-                   help="how many seeds of every method (default: the preset's, 5; families 3)")
+                   help="how many seeds of every method (default: the preset's, 5; coevolve and families 3)")
     d.add_argument("--first-seed", type=int, default=0, metavar="S", help="seeds S .. S+N-1 (default 0)")
-    d.add_argument("--preset", default="default", choices=("default", "families"),
-                   help="default: the embedded default's room, methods crl,grpo; families: the family testbed "
+    d.add_argument("--preset", default="default", choices=("default", "coevolve", "families"),
+                   help="default: the embedded default's room, methods crl,grpo; coevolve: the same room with the "
+                        "extractor-learning options (experiments/configs/coevolve_rel_confirm.yaml), methods "
+                        "crl,static_online,grpo,archive; families: the family testbed "
                         "(experiments/configs/families.yaml: a goal cell per family, a layout per episode), methods "
                         "crl,grpo,archive,static_online")
     d.add_argument("--methods", default=None,

@@ -96,7 +96,9 @@ def extractor_batch(rt, buffer, step, ready, key=None, epochs: int = 1):
     mask = (t >= pl) & (t < total[:, None]) & b["valid"][:, None]
     src = jnp.clip(t - pl, 0, b["behavior_logp"].shape[1] - 1)
     blogp = jnp.where(mask, jnp.take_along_axis(b["behavior_logp"], src, axis=1), 0.0)
-    adv = losses.extractor_advantages(b["reward"], b["valid"], b["weight"], rt.cfg.extraction.baseline)
+    # with extraction.outcome_last a prompt's last token is its episode's outcome: the groups of "outcome_mean"
+    last = jnp.take_along_axis(b["prompt"], jnp.maximum(b["prompt_len"] - 1, 0)[:, None], axis=1)[:, 0]
+    adv = losses.extractor_advantages(b["reward"], b["valid"], b["weight"], rt.cfg.extraction.baseline, last)
     eb = ExtractorBatch(tokens=tokens, loss_mask=mask, behavior_logp=blogp, advantages=adv,
                         ready=jnp.asarray(ready, bool), response_width=b["response"].shape[1])
     E = epochs

@@ -118,22 +118,34 @@ def repeat_weights(times_trained: jax.Array, last_trained_step: jax.Array, step,
     return jnp.where(cool, 0.0, (1.0 + times_trained.astype(_F32)) ** (-power))
 
 
-BASELINES = ("batch_mean", "none")  # = the values of `extraction.baseline`
+BASELINES = ("batch_mean", "none", "outcome_mean")  # = the values of `extraction.baseline`
 
 
 def extractor_advantages(rewards: jax.Array, valid: jax.Array, weights: jax.Array,
-                         baseline: str = "batch_mean") -> jax.Array:
+                         baseline: str = "batch_mean", groups: jax.Array | None = None) -> jax.Array:
     """A_i = (r_i - mean_{j valid} r_j) * w_i, and 0 where not valid. [N], [N] bool, [N] -> [N] float32.
 
     `baseline="none"`: A_i = r_i * w_i. The batch mean is one baseline for samples of different prompts: with
     no-write decisions in the batch (`extraction.return_samples`) it compares a RETURN on a failed episode with
     the batch's successful writes instead of with writing that episode, so it can teach writing failures. Rewards
-    already relative to not writing (`relative_to_free`, whose RETURN value is 0) need no baseline."""
+    already relative to not writing (`relative_to_free`, whose RETURN value is 0) need no baseline.
+
+    `baseline="outcome_mean"`: A_i = (r_i - mean_{j valid, groups_j = groups_i} r_j) * w_i, one mean per group
+    ([N] int; the learner groups samples by their episode's outcome). Without any baseline, rewards that are
+    positive on average push every write up, failed episodes' too (the op token is one decision read from
+    both outcomes); a mean per outcome removes that common push and keeps each decision against the others made
+    on episodes of its outcome, writes and no-writes alike."""
     chex.assert_rank([rewards, valid, weights], 1)
     chex.assert_equal_shape([rewards, valid, weights])
     r = rewards.astype(_F32)
     v = valid.astype(bool)
     if baseline not in BASELINES:
         raise ValueError(f"extractor baseline must be one of {BASELINES}, got {baseline!r}")
-    mean = _safe_div(jnp.where(v, r, 0.0).sum(), v.sum().astype(_F32)) if baseline == "batch_mean" else 0.0
+    if baseline == "outcome_mean":
+        if groups is None:
+            raise ValueError("extractor baseline 'outcome_mean' needs the samples' groups")
+        same = (groups[:, None] == groups[None, :]) & v[None, :]  # [N, N]: valid samples of i's group
+        mean = _safe_div(jnp.where(same, r[None, :], 0.0).sum(1), same.sum(1).astype(_F32))
+    else:
+        mean = _safe_div(jnp.where(v, r, 0.0).sum(), v.sum().astype(_F32)) if baseline == "batch_mean" else 0.0
     return jnp.where(v, (r - mean) * weights.astype(_F32), 0.0)

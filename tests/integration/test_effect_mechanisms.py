@@ -278,12 +278,15 @@ def test_the_default_prior_ships_with_the_package(tmp_path, monkeypatch):
     assert not os.listdir(tmp_path)  # nothing written to the cache
 
 
-def test_the_families_prior_ships_with_the_package():
-    """The families testbed's prior (3000 actor steps: minutes to fit) ships too, so `crl-jax demo --preset families`
-    skips the fit; its id is families.yaml's (a change to what shapes it fails here: refit and ship the new file)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    pid = pretrain.prior_id(load(os.path.join(root, "experiments", "configs", "families.yaml"), []))
+@pytest.mark.parametrize("name", ["families", "coevolve"])
+def test_the_demo_presets_priors_ship_with_the_package(name):
+    """The priors of `crl-jax demo --preset families` (3000 actor steps: minutes to fit) and `--preset coevolve` (the
+    outcome-last prompt's own prior) ship too, so the presets skip the fit; each id is its preset's config's (a change
+    to what shapes it fails here: refit with `crl-jax pretrain --refit` and ship the new file)."""
+    from crl_jax.infra.demo import preset
+
+    pid = pretrain.prior_id(load(None, list(preset(name)[0])))
     shipped = pretrain.shipped_path(pid)
-    assert os.path.exists(shipped), f"no shipped prior for families.yaml's id {pid} in {pretrain.SHIPPED_DIR}"
+    assert os.path.exists(shipped), f"no shipped prior for preset {name}'s id {pid} in {pretrain.SHIPPED_DIR}"
     with open(shipped[:-4] + ".json") as f:
         assert json.load(f)["prior_id"] == pid

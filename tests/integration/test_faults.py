@@ -534,7 +534,8 @@ def test_a_full_disk_is_one_line_and_the_librarys_error_logs_are_dropped(tmp_pat
 
 def test_bank_replay_reports_the_final_rows_replay_share(straight, capsys):
     """`crl-jax bank replay RUN` replays the newest checkpoint's bank: its share is the last evaluation row's
-    `bank_replay_success` (the same bank, the same function)."""
+    `bank_replay_success` (the same bank, the same function), and its held-in line with evaluation's pick is the
+    last row's `eval_heldin_with_exp` (the same episodes)."""
     last = read_csv(os.path.join(straight, "metrics.csv"))[-1]
     capsys.readouterr()
     try:
@@ -546,6 +547,12 @@ def test_bank_replay_reports_the_final_rows_replay_share(straight, capsys):
     assert m and int(m[1]) > 0, out
     assert float(m[3]) == pytest.approx(float(last["bank_replay_success"]), abs=5e-4)
     assert float(m[2]) == pytest.approx(int(m[1]) * float(m[3]), abs=0.06)
+    lv = re.fullmatch(r"levels: (\d+) of (\d+) training levels have an entry that replays to success", out[1])
+    assert lv and int(lv[1]) <= int(lv[2]), out
+    h = re.fullmatch(r"held-in, greedy with experience: (\d+) of (\d+) levels succeed with evaluation's pick "
+                     r"\((\d+) of the picks replay\); (\d+) of (\d+) with its pick among the entries that replay", out[2])
+    assert h and int(h[2]) == int(h[5]) == int(lv[2]) and int(h[3]) <= int(lv[1]), out
+    assert int(h[1]) == round(int(h[2]) * float(last["eval_heldin_with_exp"]))
 
 
 def test_cut_summary_and_killed_export_are_detected(straight, tmp_path, capsys, monkeypatch):

@@ -213,10 +213,11 @@ def test_blocked_turns_play_what_the_one_batch_turns_play():
 
 
 # Every extractor-learning option at once (one compiled program): the outcome-last layout (its own prior),
-# the reward relative to the free half, trained RETURN decisions, more extractor epochs, the op weight and
-# Thompson retrieval with LRU eviction.
+# the reward relative to the free half, trained RETURN decisions, a baseline per outcome, more extractor epochs, the
+# op weight and Thompson retrieval with LRU eviction.
 LEARN = ["extraction.outcome_last=true", "extraction.reward=relative_to_free", "extraction.return_samples=2",
-         "extraction.epochs=3", "extraction.op_weight=10", "bank.select=thompson", "bank.eviction=lru"]
+         "extraction.baseline=outcome_mean", "extraction.epochs=3", "extraction.op_weight=10", "bank.select=thompson",
+         "bank.eviction=lru"]
 
 
 def test_learning_options_same_key_same_metrics():

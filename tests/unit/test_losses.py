@@ -261,8 +261,15 @@ class ExtractorWeightingTest(chex.TestCase):
         a = self.variant(functools.partial(L.extractor_advantages, baseline="none"))(r, valid,
                                                                                      jnp.array([1.0, 0.5, 2.0, 1.0]))
         np.testing.assert_allclose(a, [1.0, -0.5, 1.0, 0.0], rtol=1e-6)
+        # a mean per group: samples 0 and 2 (group 5) share (1 + 0.5) / 2, sample 1 (group 7) is alone; the invalid
+        # sample 3 of group 5 is left out of its group's mean
+        a = self.variant(functools.partial(L.extractor_advantages, baseline="outcome_mean"))(
+            r, valid, jnp.array([1.0, 0.5, 2.0, 1.0]), groups=jnp.array([5, 7, 5, 5]))
+        np.testing.assert_allclose(a, [0.25, 0.0, -0.5, 0.0], rtol=1e-6)
         with pytest.raises(ValueError, match="baseline"):
             L.extractor_advantages(r, valid, jnp.ones(4), baseline="group")
+        with pytest.raises(ValueError, match="groups"):
+            L.extractor_advantages(r, valid, jnp.ones(4), baseline="outcome_mean")
 
 
 if __name__ == "__main__":  # pragma: no cover
