@@ -5,12 +5,12 @@ replay open-loop, `crl_jax.actor.replay`):
 
 - tried: how many valid entries have been credited by a guided rollout (only those have rewarded the extractor
   sample that wrote them) and how many of those replay to success;
-- bank: how many valid entries replay to success (the forms' FACT and MOVES entries apart);
 - levels (fixed levels only): how many training levels have an entry that replays, and the held-in greedy
   evaluation played twice, with evaluation's own pick and with its pick among the entries that replay (the
-  broken ones left out; a level with none plays without experience). The first count is the final `eval_heldin_with_exp` times the number of levels; the gap
-  between the two says how much of held-in success is lost to which entry evaluation shows rather than to what
-  the bank holds or how the actor follows a working plan.
+  broken ones left out; a level with none plays without experience). The first count is the final
+  `eval_heldin_with_exp` times the number of levels; the gap between the two is what evaluation loses to the entry
+  it shows, not to what the bank holds or to how the actor follows a working plan;
+- bank: how many valid entries replay to success (the forms' FACT and MOVES entries apart).
 """
 
 from __future__ import annotations
