@@ -182,11 +182,11 @@ class ExtractorConfig:
     op_explore: float = 0.0  # tiny path: the op token is drawn from (1 - this) * policy + this * uniform over the
     #                          ops (exploration: every op keeps >= this/3 probability, so a collapsed extractor
     #                          still tries ADD; behaviour log-probs are the mixture's); 0 = off (the paper)
+    op_entropy: float = 0.0  # tiny path: weight of a bonus on the op token's entropy in the extractor loss; 0 = off
     forms: bool = False  # tiny path, compact view: after the op token the extractor picks the entry's form, <MOVES>
-    #                      (the episode's moves, at most max_new_tokens - 2 of them) or <FACT> (the episode's end
-    #                      cell as <r{i}> <c{j}>, which the actor's tip then shows at every turn); the form is
-    #                      sampled and trained like the op token, and the prior teaches both forms and "go to the
-    #                      named cell" (our extension, METHOD.md §6); false: entries are moves (the paper's path)
+    #                      (the episode's moves, at most max_new_tokens - 2) or <FACT> (the episode's end cell as
+    #                      <r{i}> <c{j}>, which the tip then shows at every turn), sampled and trained like the op;
+    #                      the prior teaches both and "go to the named cell" (METHOD.md §6); false: moves (the paper)
 
 
 @dataclass(frozen=True)

@@ -332,8 +332,10 @@ def validate(cfg) -> None:
     need(cfg.extraction.epochs >= 1, "extraction.epochs", "must be >= 1")
     need(0.0 <= cfg.extraction.op_explore < 1.0, "extraction.op_explore", "must be in [0, 1) (0 = off)")
     need(cfg.extraction.op_weight > 0.0, "extraction.op_weight", "must be > 0 (1 = the plain token mean)")
+    need(cfg.extraction.op_entropy >= 0.0, "extraction.op_entropy", "must be >= 0 (0 = off)")
     # the tiny extractor's op token and distillation prompt: an LLM's reply has no op token first, its prompt is its own
-    for name, off in (("op_explore", 0.0), ("op_weight", 1.0), ("outcome_last", False), ("oracle_write_reward", False)):
+    for name, off in (("op_explore", 0.0), ("op_weight", 1.0), ("op_entropy", 0.0), ("outcome_last", False),
+                      ("oracle_write_reward", False)):
         need(getattr(cfg.extraction, name) == off or cfg.extractor.preset == "tiny", f"extraction.{name}",
              f"is a tiny-extractor option: its op token, its distillation prompt (set {str(off).lower()})")
     need(cfg.extraction.baseline != "outcome_mean" or cfg.extraction.outcome_last, "extraction.baseline",
@@ -341,8 +343,7 @@ def validate(cfg) -> None:
     need(cfg.extraction.update_unretrieved in ("add", "ignore"), "extraction.update_unretrieved",
          "must be 'add' (an UPDATE with nothing retrieved writes a new entry) or 'ignore' (it writes nothing)")
     need(cfg.extraction.return_samples >= 0, "extraction.return_samples", "must be >= 0 (0 = RETURN is never trained)")
-    need(cfg.extraction.invalid_samples >= 0, "extraction.invalid_samples",
-         "must be >= 0 (0 = a malformed reply is never trained)")
+    need(cfg.extraction.invalid_samples >= 0, "extraction.invalid_samples", "must be >= 0 (0 = never trained)")
     need(0 <= cfg.extraction.min_entry < cfg.extraction.max_new_tokens, "extraction.min_entry",
          "must be in [0, extraction.max_new_tokens)")
     need(cfg.rollout.tip_window >= 0, "rollout.tip_window", "must be >= 0 (0 = the whole entry)")
@@ -390,8 +391,7 @@ def validate(cfg) -> None:
     need(not forms or (cfg.extractor.preset == cfg.actor.preset == "tiny" and cfg.rollout.view == "compact"),
          "extraction.forms", "the entry forms are the tiny models' constrained answers and a FACT is the compact view's "
          "<r{i}> <c{j}> cell: set actor.preset=tiny, extractor.preset=tiny and rollout.view=compact")
-    need(not forms or not cfg.extraction.merge, "extraction.forms",
-         "the tiny merge copies plans of moves only: set extraction.merge=false")
+    need(not forms or not cfg.extraction.merge, "extraction.forms", "needs extraction.merge=false (merges copy moves)")
     need(not forms or cfg.rollout.tip_window >= 2, "extraction.forms",
          "a FACT tip (a row and a column token) is shown next to the action prompt: set rollout.tip_window >= 2")
     need(cfg.method != "oracle_archive" or forms, "method",

@@ -338,11 +338,12 @@ def extractor_prior_loss(graphdef, params, rows: PriorRows, masks, min_entry: in
 
 def extractor_constrained_loss(first_allowed, rest_allowed, *, early_allowed=None, min_entry: int = 0,
                                eps_low=0.1, eps_high=0.1, temperature=1.0, aux_coef=0.0, op_weight: float = 1.0,
-                               form_allowed=None):
+                               form_allowed=None, op_entropy: float = 0.0):
     """CISPO on responses whose first token is drawn from `first_allowed` [V], the next `min_entry` from
     `early_allowed` [V] and later ones from `rest_allowed` [V] (the sampler's masks). `op_weight` scales the
     op token's term (`losses.op_token_weights`; 1 = the paper's plain token mean). `form_allowed` [V]
-    (`extraction.forms`): the form token after the op token, trained like every response token."""
+    (`extraction.forms`): the form token after the op token, trained like every response token. `op_entropy`:
+    the loss minus this times the op token's mean entropy over the batch's responses (0 = off)."""
     early_allowed = rest_allowed if early_allowed is None else early_allowed
     masks = (first_allowed, early_allowed, rest_allowed) + (() if form_allowed is None else (form_allowed,))
 
@@ -372,6 +373,9 @@ def extractor_constrained_loss(first_allowed, rest_allowed, *, early_allowed=Non
         tw = None if op_weight == 1.0 else losses.op_token_weights(off, op_weight)
         num, den, metrics = losses.cispo_loss_parts(logp, blogp, b.advantages, mask, eps_low=eps_low,
                                                     eps_high=eps_high, token_weight=tw)
+        if op_entropy:  # a decided softmax no longer moves under the reward: keep the op from deciding too early
+            h = losses.masked_mean(losses.token_entropy(lp_all), mask & (off == 0))
+            num = num - op_entropy * h * jax.lax.stop_gradient(den)
         if b.prior is not None and aux_coef:
             aux = extractor_prior_loss(graphdef, params, b.prior, masks, min_entry, temperature)
             num = num + aux_coef * aux * jax.lax.stop_gradient(den)

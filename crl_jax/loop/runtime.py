@@ -154,7 +154,8 @@ def _build(cfg: Config) -> Runtime:
                         temperature=cfg.actor.temperature, ratio=lc.ratio, aux_coef=aux),
         extractor_constrained_loss(first, rest, early_allowed=early, min_entry=ec.min_entry, eps_low=ec.eps_low,
                                    eps_high=ec.eps_high, temperature=ec.temperature, aux_coef=aux,
-                                   op_weight=ec.op_weight, form_allowed=form[0] if form else None),
+                                   op_weight=ec.op_weight, form_allowed=form[0] if form else None,
+                                   op_entropy=ec.op_entropy),
         microbatches=lc.microbatches, actor_steps=lc.epochs * lc.minibatches, extractor_steps=ec.epochs,
         actor_target_kl=lc.target_kl, donate=False)
     return assemble(cfg, backend=BUILTIN, tokenizer=tok, env=env, eval_env=eval_env, renderer=renderer,

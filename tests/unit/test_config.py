@@ -45,6 +45,8 @@ def test_parse_overrides_nested():
     (["extraction.update_unretrieved=skip"], "extraction.update_unretrieved"),
     (["extraction.op_weight=0"], "extraction.op_weight"),
     (["extraction.op_weight=4", "extractor.preset=smollm2-135m"], "extraction.op_weight"),
+    (["extraction.op_entropy=-0.1"], "extraction.op_entropy"),
+    (["extraction.op_entropy=0.1", "extractor.preset=smollm2-135m"], "extraction.op_entropy"),
     (["extraction.outcome_last=true", "extractor.preset=smollm2-135m"], "extraction.outcome_last"),
     (["extraction.oracle_write_reward=true", "extractor.preset=smollm2-135m"], "extraction.oracle_write_reward"),
     (["extraction.baseline=group"], "extraction.baseline"),

@@ -47,11 +47,10 @@ def test_prior_loss_over_the_window_equals_the_full_sequence(rt, kind):
     _assert_trees_close(win, full)
 
 
-def test_constrained_cispo_over_the_window_equals_the_full_sequence(rt):
+def _constrained_batch(rt, W):
     """Rows with responses of different lengths after prompts of different lengths, an empty row (no trained
-    token) and a response that ends at the last position (the window runs past T and is clipped)."""
-    gd, params = _params(rt)
-    T, W = 14, 5
+    token) and a response that ends at the last position -> (masks (first, early, rest), batch)."""
+    T = 14
     first, early, rest = (np.asarray(m) for m in rt.tiny.response_masks())
     start = jnp.array([3, 9, 4, 10])
     length = jnp.array([5, 2, 0, 4])  # row 2: nothing trained; row 3: positions 10..13 (the window runs to 14)
@@ -67,6 +66,13 @@ def test_constrained_cispo_over_the_window_equals_the_full_sequence(rt):
     blogp = jnp.where(mask, -jax.random.uniform(jax.random.key(4), (4, T), minval=0.2, maxval=3.0), 0.0)
     eb = ts.ExtractorBatch(tokens=toks, loss_mask=mask, behavior_logp=blogp, advantages=jnp.array([1.0, -0.5, 2.0, 0.7]),
                            ready=jnp.asarray(True), response_width=W)
+    return (first, early, rest), eb
+
+
+def test_constrained_cispo_over_the_window_equals_the_full_sequence(rt):
+    """The batch of `_constrained_batch`: the window (it runs past T and is clipped) and the full path agree."""
+    gd, params = _params(rt)
+    (first, early, rest), eb = _constrained_batch(rt, 5)
     fn = extractor_constrained_loss(jnp.asarray(first), jnp.asarray(rest), early_allowed=jnp.asarray(early), min_entry=1, temperature=0.8)
 
     def loss(p, b):
@@ -78,6 +84,27 @@ def test_constrained_cispo_over_the_window_equals_the_full_sequence(rt):
     assert float(win[0][1][0]) == 11  # trained tokens: 5 + 2 + 0 + 4
     assert abs(float(win[0][0])) < 100  # tokens the masks allow: finite log-probs
     _assert_trees_close(win, full)
+
+
+@pytest.mark.parametrize("window", [5, None])
+def test_op_entropy_bonus_is_the_op_tokens_mean_entropy(rt, window):
+    """`op_entropy=c` lowers the loss by exactly c times the mean entropy of the op token's distribution (the
+    first-token mask at temperature 0.8), computed here from the model's logits, over the rows that train an op."""
+    gd, params = _params(rt)
+    (first, early, rest), eb = _constrained_batch(rt, 5)
+    eb = eb.replace(response_width=window)
+    kw = dict(early_allowed=jnp.asarray(early), min_entry=1, temperature=0.8)
+    off, on = (extractor_constrained_loss(jnp.asarray(first), jnp.asarray(rest), op_entropy=c, **kw) for c in (0.0, 0.3))
+    (n0, (d0, _)), (n1, (d1, _)) = off(gd, params, eb), on(gd, params, eb)
+    logits = np.asarray(tr.merge(gd, params)(eb.tokens), np.float64) / 0.8
+    hs = []
+    for b, st in ((0, 3), (1, 9), (3, 10)):  # rows with an op; row 2 trains nothing
+        z = np.where(first, logits[b, st - 1], -np.inf)
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        hs.append(-np.sum(p[p > 0] * np.log(p[p > 0])))
+    assert float(d0) == float(d1) == 11
+    np.testing.assert_allclose(float(n1 / d1), float(n0 / d0) - 0.3 * np.mean(hs), rtol=1e-5, atol=1e-6)
 
 
 def _llm_batch(W):
