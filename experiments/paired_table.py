@@ -63,13 +63,14 @@ def _fmt(x: np.ndarray) -> str:
 def candidate_table(res: dict, base: str) -> str:
     """Per point: mean ± 95% half-width of each row; then point - base per row, paired by seed."""
     names = list(res)
-    lines = [f"{'metric':30s}" + "".join(f"{m:>18s}" for m in names)]
+    w = max([18] + [len(m) + 2 for m in names])  # a column per point, wide enough for its name
+    lines = [f"{'metric':30s}" + "".join(f"{m:>{w}s}" for m in names)]
     for label, key in CANDIDATE_ROWS:
         cells = []
         for m in names:
             mean, hw = t_interval(np.array([_value(s, key) for s in res[m]], float))
             cells.append("n/a" if np.isnan(mean) else f"{mean:.3f} ± {hw:.3f}")
-        lines.append(f"{label:30s}" + "".join(f"{c:>18s}" for c in cells))
+        lines.append(f"{label:30s}" + "".join(f"{c:>{w}s}" for c in cells))
     lines += ["", f"paired differences, point - {base} (same seed), mean [95% CI]:"]
     for m in names:
         if m == base:

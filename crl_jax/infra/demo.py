@@ -94,14 +94,14 @@ EXTRA_METHODS = {"grpo_scratch": {"method": "grpo", "pretrain.enabled": False}}
 
 # `crl-jax demo --preset NAME`: (config overrides, default methods, default seeds). `families` is
 # experiments/configs/families.yaml as overrides of the embedded default, `coevolve` the learning options of
-# experiments/configs/coevolve_rel_confirm.yaml's crl_om on the plain room (tests assert they load the same
+# experiments/configs/coevolve_rel_confirm.yaml's crl_ent on the plain room (tests assert they load the same
 # configs); both priors ship with the package, so they run from an installed package too; 4 methods x 3 seeds to
 # stay near the demo's 10 minutes.
 PRESETS = {
     "default": ((), ("crl", "grpo"), 5),
     "coevolve": (("extraction.outcome_last=true", "extraction.buffer_capacity=2048", "extraction.batch=24",
                   "extraction.return_samples=8", "extraction.reward=relative_to_free",
-                  "extraction.baseline=outcome_mean"),
+                  "extraction.baseline=outcome_mean", "extraction.op_entropy=0.005"),
                  ("crl", "static_online", "grpo", "archive"), 3),
     "families": (("env.params.families=true", "env.params.obstacles=3", "env.num_train_tasks=16",
                   "env.num_eval_tasks=16", "eval.tasks=64", "extraction.forms=true", "pretrain.actor_steps=3000",

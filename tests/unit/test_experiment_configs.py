@@ -31,13 +31,13 @@ def test_each_experiment_config_loads(name, tmp_path):
 
 
 def test_the_coevolve_demo_preset_is_the_confirm_sweeps_config():
-    """`crl-jax demo --preset coevolve` runs the options coevolve_rel_confirm.yaml checked on fresh seeds (its crl_om
+    """`crl-jax demo --preset coevolve` runs the options coevolve_rel_confirm.yaml checked on fresh seeds (its crl_ent
     point), with the frozen-extractor, GRPO and archive controls."""
     from crl_jax.infra.demo import preset
 
     with open(os.path.join(CONFIGS, "coevolve_rel_confirm.yaml"), encoding="utf-8") as f:
         d = yaml.safe_load(f)
     ov, methods, seeds = preset("coevolve")
-    point = [f"{k}={v}" for k, v in d["points"]["crl_om"].items()]
+    point = [f"{k}={v}" for k, v in d["points"]["crl_ent"].items()]
     assert load(None, list(ov)) == load(os.path.join(CONFIGS, d["config"]), d["overrides"] + point)
     assert methods == ("crl", "static_online", "grpo", "archive") and seeds == 3
