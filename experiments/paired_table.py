@@ -5,8 +5,9 @@ The demo's comparison table, e.g. after experiments/configs/confirm_8seeds.yaml:
     python experiments/paired_table.py runs/confirm_8seeds 10-17
 
 `--crl POINT` lets another point play CRL's part in that table (a candidate against grpo, static_online and
-archive run beside it), `--role static_online=POINT` (likewise grpo, archive) a control's. `--candidates a,b,... [--base crl]` instead writes one row per point (held-in with
-experience, guided - free, the extractor's write rates, bank replay) and each point minus the base, paired:
+archive run beside it), `--role static_online=POINT` (likewise grpo, archive) a control's. `--candidates a,b,...
+[--base crl]` instead writes one row per point (held-in with experience, guided - free, the extractor's write
+rates, bank replay) and each point minus the base, paired:
 
     python experiments/paired_table.py runs/coevolve_tune 300-303 --candidates outcome_last,paired --base crl
 """

@@ -550,7 +550,8 @@ def test_bank_replay_reports_the_final_rows_replay_share(straight, capsys):
     lv = re.fullmatch(r"levels: (\d+) of (\d+) training levels have an entry that replays to success", out[1])
     assert lv and int(lv[1]) <= int(lv[2]), out
     h = re.fullmatch(r"held-in, greedy with experience: (\d+) of (\d+) levels succeed with evaluation's pick "
-                     r"\((\d+) of the picks replay\); (\d+) of (\d+) with its pick among the entries that replay", out[2])
+                     r"\((\d+) of the picks replay\); (\d+) of (\d+) with its pick among the entries that replay",
+                     out[2])
     assert h and int(h[2]) == int(h[5]) == int(lv[2]) and int(h[3]) <= int(lv[1]), out
     assert int(h[1]) == round(int(h[2]) * float(last["eval_heldin_with_exp"]))
 

@@ -94,7 +94,8 @@ def test_op_entropy_bonus_is_the_op_tokens_mean_entropy(rt, window):
     (first, early, rest), eb = _constrained_batch(rt, 5)
     eb = eb.replace(response_width=window)
     kw = dict(early_allowed=jnp.asarray(early), min_entry=1, temperature=0.8)
-    off, on = (extractor_constrained_loss(jnp.asarray(first), jnp.asarray(rest), op_entropy=c, **kw) for c in (0.0, 0.3))
+    off, on = (extractor_constrained_loss(jnp.asarray(first), jnp.asarray(rest), op_entropy=c, **kw)
+               for c in (0.0, 0.3))
     (n0, (d0, _)), (n1, (d1, _)) = off(gd, params, eb), on(gd, params, eb)
     logits = np.asarray(tr.merge(gd, params)(eb.tokens), np.float64) / 0.8
     hs = []
