@@ -293,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--first-seed", type=int, default=0, metavar="S", help="seeds S .. S+N-1 (default 0)")
     d.add_argument("--preset", default="default", choices=("default", "coevolve", "families"),
                    help="default: the embedded default's room, methods crl,grpo; coevolve: the same room with the "
-                        "extractor-learning options (experiments/configs/coevolve_rel_confirm.yaml), methods "
+                        "extractor-learning options (experiments/configs/coevolve_rel_confirm.yaml's crl_ent), methods "
                         "crl,static_online,grpo,archive; families: the family testbed "
                         "(experiments/configs/families.yaml: a goal cell per family, a layout per episode), methods "
                         "crl,grpo,archive,static_online")
