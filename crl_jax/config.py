@@ -15,6 +15,7 @@ from crl_jax.config_checks import (  # noqa: F401  (re-exported: the config's pu
     REMOVED_KEYS, ConfigError, _build, _deep_merge, check_env_params, drop_removed_keys, load_yaml, parse_overrides,
     validate,
 )
+from crl_jax.config_rules import with_extractor_defaults
 
 
 @dataclass(frozen=True)
@@ -140,49 +141,49 @@ class BankConfig:
 
 @dataclass(frozen=True)
 class ExtractorConfig:
-    batch: int = 8  # B_phi: samples per extractor update (paper: 64; 8 gives updates in a short run)
-    buffer_capacity: int = 256  # sample buffer size (> batch); overflow is counted
+    # The write rules (batch, buffer_capacity, reward, return_samples, outcome_last, baseline, op_entropy) default to
+    # the tiny extractor's, which learn (docs/METHOD.md §3); an LLM extractor's defaults are the paper's
+    # (crl_jax/config_rules.py; `crl-jax demo --preset paper` runs those on the tiny models)
+    batch: int = 24  # B_phi: samples per extractor update (paper: 64; an LLM extractor's default: 8)
+    buffer_capacity: int = 2048  # sample buffer size (> batch), so late credit finds its sample (LLM default: 256)
     cooldown: int = 1  # delta: repeat weight 0 if trained within the last delta steps (step - last <= delta)
     power: float = 0.5  # alpha: repeat weight (1 + times_trained)^-alpha
     eps_low: float = 0.1  # CISPO clip low
     eps_high: float = 0.1  # CISPO clip high
     distill: Literal["all", "guided_only"] = "all"  # which episodes are distilled
-    reward: Literal["outcome", "relative_to_free"] = "outcome"  # extractor reward variant
+    reward: Literal["outcome", "relative_to_free"] = "relative_to_free"  # a guided use's success minus its
+    #  group's free success; "outcome": its +-1 outcome (the paper)
     max_new_tokens: int = 21  # response budget (op token + entry)
     prompt_len: int = 48  # distillation prompt budget (trajectory truncated from the left; text view: 160)
     temperature: float = 1.0  # sampling temperature of the extractor
-    merge: bool = False  # periodic merge of the bank (the paper's step 8; the LLM presets turn it on). Off in
-    #                      the tiny default: a tiny merge can only keep one plan of a chunk, and measured it
-    #                      replaced validated plans by new ones (METHOD.md §6 notes in docs/METHOD.md)
+    merge: bool = False  # periodic merge of the bank (the paper's step 8; the LLM presets turn it on). Off for the
+    #                      tiny models: their merge keeps one plan of a chunk, replacing validated ones (METHOD.md §6)
     merge_every: int = 5  # steps between merges
     merge_chunk: int = 5  # entries per merge prompt
     merge_max_chunks: int = 0  # chunks (of the oldest entries) rewritten per merge; 0 = the whole bank
     epochs: int = 2  # optimizer steps on each ready extractor batch (the batch repeated; off-policy ratios)
     min_entry: int = 1  # tiny path: EOS is not allowed before this many entry tokens follow an op token
-    return_samples: int = 0  # RETURN decisions per step trained with the reward of playing without an entry
-    #                          (the group's free outcomes; our extension, crl_jax/losses/credit.py): the paper
-    #                          trains writes only, so an extractor that stops writing cannot learn to write
-    #                          again; 0 = the paper
+    return_samples: int = 8  # RETURN decisions per step trained with the reward of playing without an entry
+    #                          (the group's free outcomes, crl_jax/losses/credit.py); 0 = writes only (the paper)
     invalid_samples: int = 0  # malformed replies per step trained with `invalid_reward` (METHOD.md §3's option:
     #                           drawn at random among the step's invalid ones; 0 = never trained, the reference)
     invalid_reward: float = -1.0  # the reward of a malformed reply stored by `invalid_samples`
     update_unretrieved: str = "add"  # an UPDATE chosen when nothing was retrieved: "add" writes its entry as a new
     #                                  one (our decision: else a run can collapse into no-op UPDATEs);
     #                                  "ignore" writes nothing (the old behaviour)
-    outcome_last: bool = False  # tiny path: the distillation prompt ends with the outcome token, after the answer
+    outcome_last: bool = True  # tiny path: the distillation prompt ends with the outcome token, after the answer
     #                             label, so the op is predicted at the outcome's own position; false: the outcome
-    #                             right before the label (the prior then has to learn to attend to it; measured:
-    #                             it does not within 300 supervised steps, METHOD.md §6)
+    #                             right before the label (the prior does not learn to attend to it in 300 steps)
     oracle_write_reward: bool = False  # diagnostic oracle (tiny path), not the method: each write credited at once with
     #                                    its episode's +-1 outcome; entry credit no longer reaches the buffer (RESULTS.md)
-    baseline: Literal["batch_mean", "none", "outcome_mean"] = "batch_mean"  # extractor advantage r - the batch's mean
-    #  (the paper), r ("none"), or r - the mean of the samples of its outcome ("outcome_mean", needs outcome_last)
+    baseline: Literal["batch_mean", "none", "outcome_mean"] = "outcome_mean"  # extractor advantage r - the mean of
+    #  the batch's samples of its episode's outcome (outcome_last); "batch_mean": r - batch mean (the paper); "none": r
     op_weight: float = 1.0  # tiny path: weight of the op token's term in the extractor's CISPO token mean (the
     #                         decision to write is 1 of ~20 response tokens); 1 = the paper's plain token mean
     op_explore: float = 0.0  # tiny path: the op token is drawn from (1 - this) * policy + this * uniform over the
     #                          ops (exploration: every op keeps >= this/3 probability, so a collapsed extractor
     #                          still tries ADD; behaviour log-probs are the mixture's); 0 = off (the paper)
-    op_entropy: float = 0.0  # tiny path: weight of a bonus on the op token's entropy in the extractor loss; 0 = off
+    op_entropy: float = 0.005  # tiny path: weight of a bonus on the op token's entropy in the extractor loss (0: off)
     forms: bool = False  # tiny path, compact view: after the op token the extractor picks the entry's form, <MOVES>
     #                      (the episode's moves, at most max_new_tokens - 2) or <FACT> (the episode's end cell as
     #                      <r{i}> <c{j}>, which the tip then shows at every turn), sampled and trained like the op;
@@ -227,9 +228,8 @@ class PretrainConfig:
     aux_coef: float = 1.0  # prior-preserving auxiliary loss (PPO-ptx style): each update adds this times
     #                        the prior's supervised loss on fresh synthetic rows; the same for every method
     aux_rows: int = 64  # synthetic rows per actor optimizer step in the auxiliary loss
-    extractor_aux_rows: int = 16  # the same for each extractor optimizer step (its RL batch is extraction.batch
-    #                              rows, 8 by default; 64 aux rows made the extractor update ~1/4 of a CRL step
-    #                              on CPU)
+    extractor_aux_rows: int = 16  # the same for each extractor optimizer step (64 aux rows made the extractor's
+    #                              update ~1/4 of a CRL step on CPU, at its RL batch of 8 rows)
     aux_op_weight: float = 0.0  # weight of the extractor prior's uniform ADD / RETURN target inside the
     #                             auxiliary loss (1 = the prior's own loss; 0 = only the copy skill is kept,
     #                             when to write is left to RL)
@@ -361,7 +361,7 @@ def to_dict(cfg) -> dict:
 
 
 def from_dict(data: dict) -> Config:
-    cfg = _build(Config, data)
+    cfg = _build(Config, with_extractor_defaults(data))
     validate(cfg)
     check_env_params(cfg.env.name, cfg.env.params)
     return cfg

@@ -8,7 +8,8 @@
     crl-jax sweep --config SWEEP.yaml --out DIR [--seeds N] [--steps N] [--dry-run]   # seeds x grid, any path
     crl-jax eval DIR                      # evaluate the latest checkpoint of a run folder
     crl-jax demo [--seeds 5] [--methods crl,grpo] [--out runs/demo]   # the README's main job: table + plot
-    crl-jax demo --preset coevolve [--seeds N]                       # the extractor-learning options (docs/USAGE.md)
+    crl-jax demo --preset coevolve [--seeds N]                       # with a frozen extractor and an archive
+    crl-jax demo --preset paper [--seeds N]                          # the paper's write rules (docs/USAGE.md)
     crl-jax demo --preset families [--seeds N]                       # the family testbed (docs/USAGE.md)
     crl-jax plot DIR [DIR ...] [--out FILE]
     crl-jax bank show DIR [--task N] [--top N] | crl-jax bank export DIR --out FILE.jsonl
@@ -289,14 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="the embedded default: CRL vs GRPO over seeds, table and plot")
     d.add_argument("--seeds", type=int, default=None, metavar="N",
-                   help="how many seeds of every method (default: the preset's, 5; coevolve and families 3)")
+                   help="how many seeds of every method (default: the preset's: 5, coevolve and families 3)")
     d.add_argument("--first-seed", type=int, default=0, metavar="S", help="seeds S .. S+N-1 (default 0)")
-    d.add_argument("--preset", default="default", choices=("default", "coevolve", "families"),
-                   help="default: the embedded default's room, methods crl,grpo; coevolve: the same room with the "
-                        "extractor-learning options (experiments/configs/coevolve_rel_confirm.yaml's crl_ent), methods "
-                        "crl,static_online,grpo,archive; families: the family testbed "
-                        "(experiments/configs/families.yaml: a goal cell per family, a layout per episode), methods "
-                        "crl,grpo,archive,static_online")
+    d.add_argument("--preset", default="default", choices=("default", "coevolve", "paper", "families"),
+                   help="default: the embedded default's room, methods crl,grpo; coevolve: the same with the "
+                        "frozen-extractor and archive controls, methods crl,static_online,grpo,archive; paper: the "
+                        "room under the paper's write rules (experiments/configs/paper_rules.yaml), methods crl,grpo; "
+                        "families: the family testbed (experiments/configs/families.yaml: a goal cell per family, a "
+                        "layout per episode), methods crl,grpo,archive,static_online")
     d.add_argument("--methods", default=None,
                    help="comma-separated methods: crl, grpo, static_online, offline, exp_only, archive, oracle_archive, "
                         "or grpo_scratch (GRPO without the prior); default: the preset's; each beyond crl,grpo adds "

@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from crl_jax.config import ConfigError
+from crl_jax.config_rules import paper_overrides
 from crl_jax.atomic import write_text_atomic
 from crl_jax.infra.errors import read_json
 from crl_jax.infra.plot import plot_runs, t_interval
@@ -92,20 +93,20 @@ def comparison_table(results: dict[str, list[dict]]) -> str:
 EXTRA_METHODS = {"grpo_scratch": {"method": "grpo", "pretrain.enabled": False}}
 
 
-# `crl-jax demo --preset NAME`: (config overrides, default methods, default seeds). `families` is
-# experiments/configs/families.yaml as overrides of the embedded default, `coevolve` the learning options of
-# experiments/configs/coevolve_rel_confirm.yaml's crl_ent on the plain room (tests assert they load the same
-# configs); both priors ship with the package, so they run from an installed package too; 4 methods x 3 seeds to
-# stay near the demo's 10 minutes.
+# `crl-jax demo --preset NAME`: (config overrides, default methods, default seeds). `coevolve` is the embedded
+# default with the frozen-extractor and archive controls beside it (4 methods x 3 seeds, to stay near the demo's 10
+# minutes); `paper` the embedded default under the paper's write rules (crl_jax/config_rules.py); `families`
+# experiments/configs/families.yaml as overrides of the embedded default (measured under the paper's write rules).
+# Tests assert they load the same configs and that their priors ship with the package, so they run from an
+# installed package too.
 PRESETS = {
     "default": ((), ("crl", "grpo"), 5),
-    "coevolve": (("extraction.outcome_last=true", "extraction.buffer_capacity=2048", "extraction.batch=24",
-                  "extraction.return_samples=8", "extraction.reward=relative_to_free",
-                  "extraction.baseline=outcome_mean", "extraction.op_entropy=0.005"),
-                 ("crl", "static_online", "grpo", "archive"), 3),
+    "coevolve": ((), ("crl", "static_online", "grpo", "archive"), 3),
+    "paper": (paper_overrides(), ("crl", "grpo"), 5),
     "families": (("env.params.families=true", "env.params.obstacles=3", "env.num_train_tasks=16",
                   "env.num_eval_tasks=16", "eval.tasks=64", "extraction.forms=true", "pretrain.actor_steps=3000",
-                  "pretrain.batch=64", "pretrain.tip_p=0.8"), ("crl", "grpo", "archive", "static_online"), 3),
+                  "pretrain.batch=64", "pretrain.tip_p=0.8") + paper_overrides(),
+                 ("crl", "grpo", "archive", "static_online"), 3),
 }
 
 

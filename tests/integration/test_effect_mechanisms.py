@@ -245,17 +245,20 @@ def test_shared_tie_ranks_rotate_training_retrieval_through_one_levels_entries()
     assert int(slots[0, 0]) == 2
 
 
-def test_compact_distill_prompt_puts_moves_then_outcome_before_the_answer():
+@pytest.mark.parametrize("outcome_last", [True, False])
+def test_compact_distill_prompt_puts_moves_then_the_outcome_and_the_answer(outcome_last):
+    """The default layout ends with the outcome, after the answer label; the paper's rules put it before."""
     from crl_jax.extractor.distill import distill_prompts
     from crl_jax.learner.pretrain import _Moves
 
-    rt = build(micro())
+    rt = build(micro() if outcome_last else micro("extraction.outcome_last=false", "extraction.baseline=batch_mean"))
     a = [int(x) for x in rt.tiny.action_ids]
     ep = _Moves(action_tokens=jnp.asarray([[a[0], a[3], 0, 0]]), turns=jnp.asarray([2]))
     p, n = distill_prompts(rt, rt.train_task_tokens[:1], rt.train_task_len[:1], ep, jnp.asarray([True]),
                            jnp.asarray([[a[1], 0, 0, 0]]), jnp.asarray([1]), jnp.asarray([True]))
     pad = rt.tokenizer.decode([rt.tokenizer.pad_id])
-    assert _decode(rt, p[0], n[0]) == f"<DISTIL><L0><OLD><east><MOVES><north><west>{pad}{pad}<SUCC><OP>"
+    tail = "<OP><SUCC>" if outcome_last else "<SUCC><OP>"
+    assert _decode(rt, p[0], n[0]) == f"<DISTIL><L0><OLD><east><MOVES><north><west>{pad}{pad}{tail}"
 
 
 def test_the_default_prior_ships_with_the_package(tmp_path, monkeypatch):
@@ -278,11 +281,12 @@ def test_the_default_prior_ships_with_the_package(tmp_path, monkeypatch):
     assert not os.listdir(tmp_path)  # nothing written to the cache
 
 
-@pytest.mark.parametrize("name", ["families", "coevolve"])
+@pytest.mark.parametrize("name", ["families", "paper"])
 def test_the_demo_presets_priors_ship_with_the_package(name):
-    """The priors of `crl-jax demo --preset families` (3000 actor steps: minutes to fit) and `--preset coevolve` (the
-    outcome-last prompt's own prior) ship too, so the presets skip the fit; each id is its preset's config's (a change
-    to what shapes it fails here: refit with `crl-jax pretrain --refit` and ship the new file)."""
+    """The priors of `crl-jax demo --preset families` (3000 actor steps: minutes to fit) and `--preset paper` (the
+    distillation prompt with the outcome before the answer label) ship too, so the presets skip the fit; each id is
+    its preset's config's (a change to what shapes it fails here: refit with `crl-jax pretrain --refit` and ship the
+    new file)."""
     from crl_jax.infra.demo import preset
 
     pid = pretrain.prior_id(load(None, list(preset(name)[0])))

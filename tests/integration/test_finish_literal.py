@@ -15,10 +15,13 @@ from crl_jax import bank as bank_lib
 from crl_jax import loop
 from crl_jax.actor.rollout import play
 from crl_jax.config import load
+from crl_jax.config_rules import paper_overrides
 from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.loop.runtime import build
 
-OVERRIDES = ["rollout.groups=1", "rollout.group_size=4", "env.max_turns=3", "env.num_train_tasks=4",
+# The paper's write rules (its +-1 reward, batch-mean baseline, writes only), whose literal values these tests
+# check; the list's own batch and buffer follow them, so they win.
+OVERRIDES = [*paper_overrides(), "rollout.groups=1", "rollout.group_size=4", "env.max_turns=3", "env.num_train_tasks=4",
              "env.num_eval_tasks=4", "extraction.batch=8", "extraction.buffer_capacity=12", "bank.capacity=8",
              "bank.entry_len=8", "extraction.max_new_tokens=6", "extraction.prompt_len=120",
              "extraction.merge=false", "bank.prune_below=0.0", "loss.epochs=1", "loss.minibatches=1",

@@ -225,7 +225,9 @@ def test_learning_options_same_key_same_metrics():
     metrics, the outcome-last layout refits its own prior, and the RETURN decisions reach the buffer."""
     from crl_jax.learner.pretrain import prior_id
     cfg = micro(*LEARN)
-    assert prior_id(cfg) != prior_id(micro(*[o for o in LEARN if "outcome" not in o]))  # (outcome_mean needs it)
+    paper_layout = [o for o in LEARN if "outcome" not in o] + ["extraction.outcome_last=false",
+                                                                "extraction.baseline=batch_mean"]
+    assert prior_id(cfg) != prior_id(micro(*paper_layout))
     (s1, m1), (s2, m2) = _run_chunk(cfg), _run_chunk(cfg)
     assert set(m1) == set(m2)
     for k in m1:

@@ -31,13 +31,35 @@ def test_each_experiment_config_loads(name, tmp_path):
 
 
 def test_the_coevolve_demo_preset_is_the_confirm_sweeps_config():
-    """`crl-jax demo --preset coevolve` runs the options coevolve_rel_confirm.yaml checked on fresh seeds (its crl_ent
-    point), with the frozen-extractor, GRPO and archive controls."""
+    """`crl-jax demo --preset coevolve` runs the embedded default, which is the options coevolve_rel_confirm.yaml
+    checked on fresh seeds (its crl_ent point), with the frozen-extractor, GRPO and archive controls."""
     from crl_jax.infra.demo import preset
 
     with open(os.path.join(CONFIGS, "coevolve_rel_confirm.yaml"), encoding="utf-8") as f:
         d = yaml.safe_load(f)
     ov, methods, seeds = preset("coevolve")
     point = [f"{k}={v}" for k, v in d["points"]["crl_ent"].items()]
-    assert load(None, list(ov)) == load(os.path.join(CONFIGS, d["config"]), d["overrides"] + point)
+    assert ov == () and load(None) == load(os.path.join(CONFIGS, d["config"]), d["overrides"] + point)
     assert methods == ("crl", "static_online", "grpo", "archive") and seeds == 3
+
+
+def test_the_paper_rules_are_the_tiny_defaults_departures_and_an_llms_defaults():
+    """paper_rules.yaml and `crl-jax demo --preset paper` differ from the embedded default in exactly the write
+    rules of crl_jax/config_rules.py; an LLM extractor gets those values unless its config sets them."""
+    import dataclasses
+
+    from crl_jax.config_rules import PAPER_EXTRACTION, paper_overrides
+    from crl_jax.infra.demo import preset
+
+    paper = load(os.path.join(CONFIGS, "paper_rules.yaml"))
+    assert paper == load(None, list(paper_overrides())) == load(None, list(preset("paper")[0]))
+    assert preset("paper")[1:] == (("crl", "grpo"), 5)
+    tiny, ours = dataclasses.asdict(paper.extraction), dataclasses.asdict(load(None).extraction)
+    assert {k for k in tiny if tiny[k] != ours[k]} == set(PAPER_EXTRACTION)
+    assert {k: tiny[k] for k in PAPER_EXTRACTION} == PAPER_EXTRACTION
+    llm = ["actor.preset=smollm2-135m", "extractor.preset=smollm2-135m"]
+    ext = dataclasses.asdict(load(None, llm).extraction)
+    assert {k: ext[k] for k in PAPER_EXTRACTION} == PAPER_EXTRACTION
+    assert load(None, llm + ["extraction.batch=4", "extraction.return_samples=2"]).extraction.batch == 4
+    assert load(None, llm + ["extraction.return_samples=2"]).extraction.return_samples == 2
+    assert load(None, ["actor.preset=smollm2-135m"]).extraction == load(None).extraction  # the extractor decides

@@ -10,6 +10,7 @@ import pytest
 from crl_jax import bank as bank_lib
 from crl_jax.actor.rollout import Episodes, build_prompt
 from crl_jax.config import ConfigError, load
+from crl_jax.config_rules import paper_overrides
 from crl_jax.envs.base import DIR_NAMES, G_AGENT, G_BLANK, G_FLOOR, G_WALL
 from crl_jax.envs.compact import MARKERS, compact_vocabulary, is_fact
 from crl_jax.extractor.archive import archive
@@ -26,6 +27,7 @@ MICRO = ["rollout.groups=2", "rollout.group_size=4", "env.max_turns=4", "env.num
          "extractor.hidden_size=32", "extractor.num_layers=1", "extractor.intermediate_size=64",
          "extraction.max_new_tokens=6", "bank.entry_len=5", "extraction.prompt_len=26", "rollout.tip_window=2",
          "extraction.forms=true"]
+MICRO = list(paper_overrides()) + MICRO  # the families config's write rules (its distillation layout); MICRO's win
 
 # Literal token ids of a parse: ops 10 11 12, forms 20 (MOVES) 21 (FACT), actions 1..4, rows 30..32, cols 40..42
 OPS, FORMS, ACTS, ROWS, COLS, EOS = (10, 11, 12), (20, 21), (1, 2, 3, 4), (30, 31, 32), (40, 41, 42), 99

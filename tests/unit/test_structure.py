@@ -39,6 +39,7 @@ LAYERS = (
     "sampling",       # prefill + decode
     "envs",           # built-in environments and adapters
     "config_checks",  # config validation (reads model presets)
+    "config_rules",   # the paper's write rules (an LLM extractor's defaults)
     "config",         # the config dataclasses and loader
     "config_doc",     # the config's field comments as commented YAML (`config show`)
     "bank",           # the experience bank
