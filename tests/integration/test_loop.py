@@ -44,7 +44,8 @@ def _run_chunk(cfg, steps=2, seed=0):
 def test_oracle_write_reward_credits_each_write_once_at_once():
     """The diagnostic oracle: every write sample is credited when it is written, with its episode's +-1 outcome,
     and never again (entry credit does not reach the buffer), so no reward is dropped."""
-    cfg = micro("extraction.oracle_write_reward=true", "extraction.buffer_capacity=64", "extraction.merge=false")
+    cfg = micro("extraction.oracle_write_reward=true", "extraction.buffer_capacity=64", "extraction.merge=false",
+                "extraction.return_samples=0")  # writes only: every buffered sample is a write
     state, m = _run_chunk(cfg)
     buf = state.buffer
     valid = np.asarray(buf.valid)
