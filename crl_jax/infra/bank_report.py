@@ -4,7 +4,8 @@ Three parts, all on the run's newest checkpoint (tiny models on a built-in envir
 replay open-loop, `crl_jax.actor.replay`):
 
 - tried: how many valid entries have been credited by a guided rollout (only those have rewarded the extractor
-  sample that wrote them) and how many of those replay to success;
+  sample that wrote them), how many of those replay to success, and how often the sampled guided rollouts that used
+  them succeeded, for those and for the others (set against free success, what the extractor's reward compares);
 - levels (fixed levels only): how many training levels have an entry that replays, and the held-in greedy
   evaluation played twice, with evaluation's own pick and with its pick among the entries that replay (the
   broken ones left out; a level with none plays without experience). The first count is the final
@@ -40,11 +41,18 @@ def bank_replay_report(rt, state) -> str:
         share = ok[m].mean() if n else float("nan")
         return f"{name}: {n} entries, {float(ok[m].sum()):.1f} replay to success ({share:.3f})"
 
-    tried = valid & (np.asarray(bank.total_credit_count) > 0)  # entries whose write has earned a reward
+    cnt, tot = np.asarray(bank.total_credit_count), np.asarray(bank.total_credit_sum)
+    tried = valid & (cnt > 0)  # entries whose write has earned a reward
+
+    def uses(m):  # guided uses of the entries in m that succeeded (each +-1 credit is one use), of all
+        return f"{(tot[m].sum() + cnt[m].sum()) / 2:.0f} of {int(cnt[m].sum())}"
+
+    works = ok > 0.5
     rows = [f"tried: {int(tried.sum())} of {int(valid.sum())} entries have guided a rollout, "
-            f"{float(ok[tried].sum()):.1f} of them replay to success"]
+            f"{float(ok[tried].sum()):.1f} of them replay to success; guided uses that succeed: "
+            f"{uses(tried & works)} with those, {uses(tried & ~works)} with the others"]
     if valid.any() and not getattr(rt.env, "episode_layouts", False):
-        rows += level_rows(rt, state, ok > 0.5)
+        rows += level_rows(rt, state, works)
     rows.append(line("bank", valid))
     if rt.tiny.row_ids is not None:
         rows += ["  " + line("FACT", valid & fact), "  " + line("MOVES", valid & ~fact)]

@@ -547,6 +547,10 @@ def test_bank_replay_reports_the_final_rows_replay_share(straight, capsys):
     assert m and int(m[1]) > 0, out
     assert float(m[3]) == pytest.approx(float(last["bank_replay_success"]), abs=5e-4)
     assert float(m[2]) == pytest.approx(int(m[1]) * float(m[3]), abs=0.06)
+    t = re.fullmatch(r"tried: (\d+) of (\d+) entries have guided a rollout, ([\d.]+) of them replay to success; "
+                     r"guided uses that succeed: (\d+) of (\d+) with those, (\d+) of (\d+) with the others", out[0])
+    assert t and int(t[1]) <= int(t[2]) and int(t[4]) <= int(t[5]) and int(t[6]) <= int(t[7]), out
+    assert int(t[5]) + int(t[7]) >= int(t[1])  # every tried entry guided at least one rollout
     lv = re.fullmatch(r"levels: (\d+) of (\d+) training levels have an entry that replays to success", out[1])
     assert lv and int(lv[1]) <= int(lv[2]), out
     h = re.fullmatch(r"held-in, greedy with experience: (\d+) of (\d+) levels succeed with evaluation's pick "
