@@ -10,8 +10,8 @@ count 0 received no evidence this step and should produce no extractor sample.
 Variants (`entry_rewards(variant, ...)`):
 - "outcome" (the paper; an LLM extractor's default): score_i = +1 if outcome_i > 0 else -1; reward = mean score.
 - "relative_to_free" (the tiny extractor's default): score_i = success_i - mean_{free j in i's group} success_j
-  (success in {0, 1}); the entry is credited with the lift over the group's no-experience control. A trajectory whose group
-  has no free member gives no evidence and is not counted.
+  (success in {0, 1}); the entry is credited with the lift over the group's no-experience control. A trajectory
+  whose group has no free member gives no evidence and is not counted.
 
 RETURN decisions (our extension, `extraction.return_samples`): the paper never rewards a `<RETURN>`, so
 only writes are trained and a run whose extractor stops writing has no sample left to learn from (the
