@@ -151,8 +151,8 @@ class ExtractorConfig:
     eps_low: float = 0.1  # CISPO clip low
     eps_high: float = 0.1  # CISPO clip high
     distill: Literal["all", "guided_only"] = "all"  # which episodes are distilled
-    reward: Literal["outcome", "relative_to_free"] = "relative_to_free"  # a guided use's success minus its
-    #  group's free success; "outcome": its +-1 outcome (the paper)
+    reward: Literal["outcome", "relative_to_free"] = "relative_to_free"  # extractor reward: per guided
+    #  use, its success minus its group's free success; "outcome": its +-1 outcome (the paper)
     max_new_tokens: int = 21  # response budget (op token + entry)
     prompt_len: int = 48  # distillation prompt budget (trajectory truncated from the left; text view: 160)
     temperature: float = 1.0  # sampling temperature of the extractor
