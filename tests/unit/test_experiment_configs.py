@@ -63,3 +63,14 @@ def test_the_paper_rules_are_the_tiny_defaults_departures_and_an_llms_defaults()
     assert load(None, llm + ["extraction.batch=4", "extraction.return_samples=2"]).extraction.batch == 4
     assert load(None, llm + ["extraction.return_samples=2"]).extraction.return_samples == 2
     assert load(None, ["actor.preset=smollm2-135m"]).extraction == load(None).extraction  # the extractor decides
+
+
+@pytest.mark.parametrize("name, differs", [("families.yaml", {}), ("forms_room.yaml", {}), ("minihack_real.yaml", {}),
+                                           ("outcome_last_opw.yaml", {"outcome_last": True})])
+def test_configs_measured_under_the_papers_rules_set_them(name, differs):
+    """The configs that pin the paper's write rules (their results were measured under them) hold
+    crl_jax/config_rules.py's values, but for what the file is about."""
+    from crl_jax.config_rules import PAPER_EXTRACTION
+
+    ext = load(os.path.join(CONFIGS, name)).extraction
+    assert {k: getattr(ext, k) for k in PAPER_EXTRACTION} == {**PAPER_EXTRACTION, **differs}
