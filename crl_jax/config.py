@@ -165,12 +165,12 @@ class ExtractorConfig:
     min_entry: int = 1  # tiny path: EOS is not allowed before this many entry tokens follow an op token
     return_samples: int = 8  # RETURN decisions per step trained with the reward of playing without an entry
     #                          (the group's free outcomes, crl_jax/losses/credit.py); 0 = writes only (the paper)
-    invalid_samples: int = 0  # malformed replies per step trained with `invalid_reward` (METHOD.md §3's option:
-    #                           drawn at random among the step's invalid ones; 0 = never trained, the reference)
+    return_counterfactual: bool = False  # tiny path: those RETURNs are drawn among all distilled episodes, whatever
+    #                                      op it drew (its reward is known unplayed); false: the sampled RETURNs
+    invalid_samples: int = 0  # malformed replies per step (a random draw) trained with `invalid_reward`; 0 = never
     invalid_reward: float = -1.0  # the reward of a malformed reply stored by `invalid_samples`
     update_unretrieved: str = "add"  # an UPDATE chosen when nothing was retrieved: "add" writes its entry as a new
-    #                                  one (our decision: else a run can collapse into no-op UPDATEs);
-    #                                  "ignore" writes nothing (the old behaviour)
+    #                                  one (else a run can collapse into no-op UPDATEs); "ignore" writes nothing
     outcome_last: bool = True  # tiny path: the distillation prompt ends with the outcome token, after the answer
     #                             label, so the op is predicted at the outcome's own position; false: the outcome
     #                             right before the label (the prior does not learn to attend to it in 300 steps)

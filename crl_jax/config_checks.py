@@ -335,7 +335,7 @@ def validate(cfg) -> None:
     need(cfg.extraction.op_entropy >= 0.0, "extraction.op_entropy", "must be >= 0 (0 = off)")
     # the tiny extractor's op token and distillation prompt: an LLM's reply has no op token first, its prompt is its own
     for name, off in (("op_explore", 0.0), ("op_weight", 1.0), ("op_entropy", 0.0), ("outcome_last", False),
-                      ("oracle_write_reward", False)):
+                      ("oracle_write_reward", False), ("return_counterfactual", False)):
         need(getattr(cfg.extraction, name) == off or cfg.extractor.preset == "tiny", f"extraction.{name}",
              f"is a tiny-extractor option: its op token, its distillation prompt (set {str(off).lower()})")
     need(cfg.extraction.baseline != "outcome_mean" or cfg.extraction.outcome_last, "extraction.baseline",

@@ -19,6 +19,10 @@ also go into the buffer, already credited with `credit.return_values` (what play
 in the episode's group): the extractor then learns when writing beats not writing, and a run whose
 extractor stopped writing still has samples that can teach it to write again. A tiny RETURN sample is
 its op token alone (what follows it is never read); an LLM one is its whole reply.
+With `extraction.return_counterfactual` (tiny path) they are drawn among every distilled episode, whatever op it
+drew: a RETURN's reward is known without playing it, so an episode the extractor wrote also yields the no-write
+sample its write is compared with (behaviour log-prob: the sampler's, `return_logprob`). Sampled RETURNs alone
+leave an extractor that writes nearly every failed episode with ~1 no-write sample per step.
 With `extraction.invalid_samples = n > 0` (METHOD.md §3's option) up to n malformed replies per step go into
 the buffer credited with `extraction.invalid_reward` (-1): the extractor is taught not to write them.
 An `<UPDATE>` whose entry this step's pruning removed is resolved as one with nothing retrieved
@@ -33,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from crl_jax import bank as bank_lib
+from crl_jax import token_draw
 from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.extractor.forms import FACT, parse_form
 from crl_jax.extractor.ops import build_distill_prompt, parse_constrained
@@ -123,6 +128,17 @@ def op_entropy(logits, op_ids, temperature: float, mask) -> jax.Array:
     return jnp.where(m.sum() > 0, jnp.sum(h * m) / jnp.maximum(m.sum(), 1.0), jnp.nan)
 
 
+def return_logprob(first_logits, first_allowed, return_id: int, temperature: float, mix: float) -> jax.Array:
+    """[N] log-prob of the op token `return_id` under the sampler's first-step distribution: the logits
+    `first_logits` [N, V] masked to `first_allowed` [V], over `temperature` (greedy: 1), mixed with the uniform
+    over the allowed tokens by `mix` (`extraction.op_explore`), as `token_draw.sample_logits` draws it."""
+    x = token_draw.filter_logits(first_logits, temperature=temperature if temperature > 0 else 1.0,
+                                 allowed=first_allowed)
+    if mix > 0:
+        x = token_draw.mix_uniform(jax.nn.log_softmax(x, axis=-1), jnp.float32(mix))
+    return jax.nn.log_softmax(x, axis=-1)[:, return_id]
+
+
 def update_targets(bank, has_exp, slots):
     """[N] bool: the entry an episode retrieved (`slots` [N], where `has_exp`) is still in `bank` — this
     step's pruning may have removed it before distillation. An UPDATE without a target is resolved like one
@@ -210,20 +226,27 @@ def distill(rt, bank, buffer, eparams, key, step, *, task_tokens, task_len, epis
 
     bank = apply_operations(rt.bank_ops, bank, writes, op, entry, entry_len, keys, slots, ids, key, step,
                             fallback_add=cfg.extraction.update_unretrieved == "add")
+    # the op token's distribution: one more forward of the prompts (the sampler keeps no distribution)
+    model = tr.merge(rt.extractor_graphdef, eparams)
+    first = model.unembed(model.last_hidden(prompts, plen)[:, None])[:, 0]  # [N, V] the response's first step
     n_ret_trained = jnp.int32(0)
     if return_value is not None and cfg.extraction.return_samples > 0:
-        buffer, stored = store_returns(buffer, mask & valid & ~writes, prompts, plen, resp,
-                                       jnp.ones_like(rlen), logp, return_value, return_ok,
-                                       cfg.extraction.return_samples, jax.random.fold_in(key, 7), step)
+        is_return, ret_resp, ret_logp = mask & valid & ~writes, resp, logp
+        if cfg.extraction.return_counterfactual:  # every episode's RETURN, sampled or not (module docstring)
+            lp = return_logprob(first, allowed[0, 0], rt.tiny.op_ids[RETURN], cfg.extraction.temperature,
+                                cfg.extraction.op_explore)
+            is_return = mask
+            ret_resp = jnp.zeros_like(resp).at[:, 0].set(rt.tiny.op_ids[RETURN])
+            ret_logp = jnp.zeros_like(logp).at[:, 0].set(lp)
+        buffer, stored = store_returns(buffer, is_return, prompts, plen, ret_resp, jnp.ones_like(rlen), ret_logp,
+                                       return_value, return_ok, cfg.extraction.return_samples,
+                                       jax.random.fold_in(key, 7), step)
         n_ret_trained = jnp.sum(stored)
     n_invalid = jnp.sum(mask & ~valid)
     buffer, n_inv_trained = store_invalid(rt, buffer, mask & ~valid, prompts, plen, resp, rlen, logp, key, step)
     n_add = jnp.sum(writes & (op == ADD))
     n_update = jnp.sum(writes & (op == UPDATE))
     n_failed = jnp.sum(writes & ~episodes.success.astype(bool))
-    # the op token's entropy: one more forward of the prompts (the sampler keeps no distribution)
-    model = tr.merge(rt.extractor_graphdef, eparams)
-    first = model.unembed(model.last_hidden(prompts, plen)[:, None])[:, 0]  # [N, V] the response's first step
     ent = op_entropy(first, rt.tiny.op_ids, cfg.extraction.temperature, mask)
     return DistillOut(bank, buffer, n_add, n_update, jnp.sum(mask) - n_add - n_update - n_invalid, n_invalid,
                       n_failed, n_ret_trained, jnp.sum(mask & valid & (chosen == UPDATE) & ~has_exp), n_inv_trained,

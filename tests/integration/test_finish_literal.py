@@ -18,6 +18,7 @@ from crl_jax.config import load
 from crl_jax.config_rules import paper_overrides
 from crl_jax.extractor import buffer as buffer_lib
 from crl_jax.loop.runtime import build
+from crl_jax.models import transformer as tr
 
 # The paper's write rules (its +-1 reward, batch-mean baseline, writes only), whose literal values these tests
 # check; the list's own batch and buffer follow them, so they win.
@@ -127,7 +128,7 @@ def test_finish_trains_return_decisions_with_the_free_value():
     np.testing.assert_array_equal(new.bank.tokens, new0.bank.tokens)
 
 
-def _distill_scripted_update(rt, state, p, ep, monkeypatch, reply=None):
+def _distill_scripted_update(rt, state, p, ep, monkeypatch, reply=None, **kw):
     """The tiny distillation with the sampler scripted to answer `reply` (default `<UPDATE> a0 a0 <EOS>`) on
     every episode."""
     from crl_jax.extractor import distill as distill_mod
@@ -143,7 +144,7 @@ def _distill_scripted_update(rt, state, p, ep, monkeypatch, reply=None):
     monkeypatch.setattr(distill_mod, "sample_tokens", scripted)
     return distill_mod.distill(rt, p.bank, state.buffer, state.extractor.params, jax.random.key(5), state.step,
                                task_tokens=p.task_tokens, task_len=p.task_len, episodes=ep, keys=p.q, exp=p.exp,
-                               exp_len=p.exp_len, has_exp=p.has_exp, slots=p.slots, mask=jnp.ones((4,), bool))
+                               exp_len=p.exp_len, has_exp=p.has_exp, slots=p.slots, mask=jnp.ones((4,), bool), **kw)
 
 
 def test_update_with_nothing_retrieved_is_written_as_an_add(monkeypatch):
@@ -222,6 +223,38 @@ def test_malformed_replies_are_trained_with_the_invalid_reward_when_asked(monkey
     np.testing.assert_array_equal(np.asarray(buf.reward_count)[new], 1)
     np.testing.assert_array_equal(np.asarray(buf.response_len)[new], 2)
     assert np.asarray(buf.response)[new][:, :2].tolist() == [reply] * 3
+
+
+def test_counterfactual_returns_are_stored_where_the_extractor_wrote(monkeypatch):
+    """Every reply `<ADD> a0 a0 <EOS>`: the sampled RETURNs (the default) are none, so no no-write sample is stored.
+    With extraction.return_counterfactual, 3 of the 4 episodes also yield a `<RETURN>` sample, op token alone,
+    credited once with the free value (0 here), its behaviour log-prob the op token's under the extractor; the
+    writes are the same."""
+    from crl_jax.extractor.distill import return_logprob
+
+    rt, state, p, ep = _scripted()
+    a0, add, ret = int(rt.tiny.action_ids[0]), int(rt.tiny.op_ids[0]), int(rt.tiny.op_ids[2])
+    reply = [add, a0, a0, rt.tokenizer.eos_id]
+    cfg = dataclasses.replace(rt.cfg, extraction=dataclasses.replace(rt.cfg.extraction, return_samples=3))
+    kw = dict(return_value=jnp.zeros((4,)), return_ok=jnp.ones((4,), bool))
+    d0 = _distill_scripted_update(build(cfg), state, p, ep, monkeypatch, reply, **kw)
+    assert (int(d0.n_add), int(d0.n_return_trained)) == (4, 0)
+    rtc = build(dataclasses.replace(cfg, extraction=dataclasses.replace(cfg.extraction, return_counterfactual=True)))
+    d = _distill_scripted_update(rtc, state, p, ep, monkeypatch, reply, **kw)
+    assert (int(d.n_add), int(d.n_return_trained)) == (4, 3)
+    np.testing.assert_array_equal(d.bank.tokens, d0.bank.tokens)
+    buf = d.buffer
+    new = np.asarray(buf.valid & (buf.response_len == 1))
+    assert int(new.sum()) == 3
+    assert np.asarray(buf.response)[new][:, 0].tolist() == [ret] * 3
+    np.testing.assert_array_equal(np.asarray(buf.reward_sum)[new], 0.0)
+    np.testing.assert_array_equal(np.asarray(buf.reward_count)[new], 1)
+    model = tr.merge(rtc.extractor_graphdef, state.extractor.params)
+    prompts = np.asarray(buf.prompt)[new]
+    plen = np.asarray(buf.prompt_len)[new]
+    first = model.unembed(model.last_hidden(jnp.asarray(prompts), jnp.asarray(plen))[:, None])
+    want = return_logprob(first[:, 0], rtc.tiny.response_allowed(1)[0], ret, 1.0, 0.0)
+    np.testing.assert_allclose(np.asarray(buf.behavior_logp)[new][:, 0], np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
 def test_guided_only_distils_the_guided_subgroup_even_where_nothing_was_retrieved():

@@ -12,9 +12,10 @@ from crl_jax import bank as bank_lib
 from crl_jax.actor.replay import entry_levels, replay_plan, replay_share
 from crl_jax.config import ConfigError, load
 from crl_jax.extractor.archive import archive, archive_entries
-from crl_jax.extractor.distill import op_entropy
+from crl_jax.extractor.distill import op_entropy, return_logprob
 from crl_jax.loop import MethodFlags
 from crl_jax.loop.diagnostics import op_rates, positive_credit_share
+from crl_jax.token_draw import sample_logits
 
 JIT = [False, True]
 
@@ -59,6 +60,28 @@ def test_op_entropy_literal(jit):
     assert float(fn(logits, jnp.array([False, True]))) == pytest.approx(0.0, abs=1e-6)
     assert float(fn(logits, jnp.array([True, True]))) == pytest.approx(np.log(3) / 2, abs=1e-6)
     assert np.isnan(float(fn(logits, jnp.array([False, False]))))
+
+
+@pytest.mark.parametrize("jit", JIT)
+def test_return_logprob_literal_and_the_samplers(jit):
+    """The op tokens 1, 2, 3 allowed with weights 1, 2, 3: <RETURN> (token 3) has 3/6 at temperature 1,
+    0.7 * 0.5 + 0.3 / 3 = 0.45 mixed with the uniform by 0.3, sqrt(3) / (1 + sqrt(2) + sqrt(3)) at temperature 2;
+    token 4 (disallowed) does not count. Where the sampler draws <RETURN>, its log-prob is this one."""
+    allowed = jnp.array([False, True, True, True, False])
+    logits = jnp.log(jnp.array([[5.0, 1.0, 2.0, 3.0, 100.0]]))
+    fn = lambda lg, t, m: _maybe_jit(lambda x: return_logprob(x, allowed, 3, t, m), jit)(lg)  # noqa: E731
+    assert float(fn(logits, 1.0, 0.0)[0]) == pytest.approx(np.log(0.5), abs=1e-6)
+    assert float(fn(logits, 1.0, 0.3)[0]) == pytest.approx(np.log(0.45), abs=1e-6)
+    r = np.sqrt([1.0, 2.0, 3.0])
+    assert float(fn(logits, 2.0, 0.0)[0]) == pytest.approx(np.log(r[2] / r.sum()), abs=1e-6)
+    assert float(fn(logits, 0.0, 0.0)[0]) == pytest.approx(np.log(0.5), abs=1e-6)  # greedy: measured at 1
+    many = jnp.broadcast_to(logits, (64, 5))
+    for temperature, mix in ((1.0, 0.0), (2.0, 0.3)):
+        tok, lp = sample_logits(many, jax.random.key(0), temperature=temperature, allowed=allowed,
+                                mix=jnp.float32(mix) if mix else None)
+        drew = np.asarray(tok) == 3
+        assert drew.any()
+        np.testing.assert_allclose(np.asarray(lp)[drew], float(fn(logits, temperature, mix)[0]), atol=1e-6)
 
 
 class _Pos(NamedTuple):
