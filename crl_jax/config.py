@@ -141,7 +141,7 @@ class BankConfig:
 
 @dataclass(frozen=True)
 class ExtractorConfig:
-    # The write rules (batch, buffer_capacity, reward, return_samples, outcome_last, baseline, op_entropy) default to
+    # The write rules (batch, buffer_capacity, reward, return_*, outcome_last, baseline, op_entropy) default to
     # the tiny extractor's, which learn (docs/METHOD.md §3); an LLM extractor's defaults are the paper's
     # (crl_jax/config_rules.py; `crl-jax demo --preset paper` runs those on the tiny models)
     batch: int = 24  # B_phi: samples per extractor update (paper: 64; an LLM extractor's default: 8)
@@ -163,10 +163,10 @@ class ExtractorConfig:
     merge_max_chunks: int = 0  # chunks (of the oldest entries) rewritten per merge; 0 = the whole bank
     epochs: int = 2  # optimizer steps on each ready extractor batch (the batch repeated; off-policy ratios)
     min_entry: int = 1  # tiny path: EOS is not allowed before this many entry tokens follow an op token
-    return_samples: int = 8  # RETURN decisions per step trained with the reward of playing without an entry
-    #                          (the group's free outcomes, crl_jax/losses/credit.py); 0 = writes only (the paper)
-    return_counterfactual: bool = False  # tiny path: those RETURNs are drawn among all distilled episodes, whatever
-    #                                      op it drew (its reward is known unplayed); false: the sampled RETURNs
+    return_samples: int = 16  # RETURN decisions per step trained with the reward of playing without an entry
+    #                           (the group's free outcomes, crl_jax/losses/credit.py); 0 = writes only (the paper)
+    return_counterfactual: bool = True  # tiny path: those RETURNs are drawn among all distilled episodes, whatever
+    #                                     op it drew (its reward is known unplayed); false: the sampled RETURNs
     invalid_samples: int = 0  # malformed replies per step (a random draw) trained with `invalid_reward`; 0 = never
     invalid_reward: float = -1.0  # the reward of a malformed reply stored by `invalid_samples`
     update_unretrieved: str = "add"  # an UPDATE chosen when nothing was retrieved: "add" writes its entry as a new

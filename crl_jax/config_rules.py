@@ -12,6 +12,7 @@ PAPER_EXTRACTION = {
     "reward": "outcome",  # +1 / -1 per use of the entry by a guided rollout
     "baseline": "batch_mean",  # advantage r - the batch's mean reward
     "return_samples": 0,  # only writes are trained (no-write decisions never are)
+    "return_counterfactual": False,  # (no-write samples, were there any, only where the extractor drew RETURN)
     "outcome_last": False,  # the outcome right before the answer label in the distillation prompt
     "op_entropy": 0.0,  # no entropy bonus on the write decision
     "batch": 8,  # samples per extractor update

@@ -31,15 +31,22 @@ def test_each_experiment_config_loads(name, tmp_path):
 
 
 def test_the_coevolve_demo_preset_is_the_confirm_sweeps_config():
-    """`crl-jax demo --preset coevolve` runs the embedded default, which is the options coevolve_rel_confirm.yaml
-    checked on fresh seeds (its crl_ent point), with the frozen-extractor, GRPO and archive controls."""
+    """`crl-jax demo --preset coevolve` runs the embedded default, which is the options that
+    return_counterfactual_confirm.yaml checked on fresh seeds (its ret_cf16 point), with the frozen-extractor, GRPO
+    and archive controls; that file's base, like op_weight_confirm.yaml's, is coevolve_rel_confirm.yaml's crl_ent
+    (the default before it)."""
     from crl_jax.infra.demo import preset
 
-    with open(os.path.join(CONFIGS, "coevolve_rel_confirm.yaml"), encoding="utf-8") as f:
-        d = yaml.safe_load(f)
+    def point_of(name, point):
+        with open(os.path.join(CONFIGS, name), encoding="utf-8") as f:
+            d = yaml.safe_load(f)
+        extra = [f"{k}={v}" for k, v in d["points"][point].items()]
+        return load(os.path.join(CONFIGS, d["config"]), list(d.get("overrides", [])) + extra)
+
     ov, methods, seeds = preset("coevolve")
-    point = [f"{k}={v}" for k, v in d["points"]["crl_ent"].items()]
-    assert ov == () and load(None) == load(os.path.join(CONFIGS, d["config"]), d["overrides"] + point)
+    assert ov == () and load(None) == point_of("return_counterfactual_confirm.yaml", "ret_cf16")
+    assert point_of("return_counterfactual_confirm.yaml", "crl") == point_of("coevolve_rel_confirm.yaml", "crl_ent")
+    assert point_of("op_weight_confirm.yaml", "crl") == point_of("coevolve_rel_confirm.yaml", "crl_ent")
     assert methods == ("crl", "static_online", "grpo", "archive") and seeds == 3
 
 
