@@ -226,8 +226,8 @@ def test_malformed_replies_are_trained_with_the_invalid_reward_when_asked(monkey
 
 
 def test_counterfactual_returns_are_stored_where_the_extractor_wrote(monkeypatch):
-    """Every reply `<ADD> a0 a0 <EOS>`: the sampled RETURNs (the default) are none, so no no-write sample is stored.
-    With extraction.return_counterfactual, 3 of the 4 episodes also yield a `<RETURN>` sample, op token alone,
+    """Every reply `<ADD> a0 a0 <EOS>`. Without extraction.return_counterfactual (the paper's rules here) only sampled
+    RETURNs are stored, and there are none. With it, 3 of the 4 episodes also yield a `<RETURN>` sample, op token alone,
     credited once with the free value (0 here), its behaviour log-prob the op token's under the extractor; the
     writes are the same."""
     from crl_jax.extractor.distill import return_logprob
