@@ -30,18 +30,18 @@ def test_each_experiment_config_loads(name, tmp_path):
         load(path, [])
 
 
-def test_the_coevolve_demo_preset_is_the_confirm_sweeps_config():
+def test_the_coevolve_demo_preset_is_the_confirm_sweeps_config(tmp_path):
     """`crl-jax demo --preset coevolve` runs the embedded default, which is the options that
     return_counterfactual_confirm.yaml checked on fresh seeds (its ret_cf16 point), with the frozen-extractor, GRPO
     and archive controls; that file's base, like op_weight_confirm.yaml's, is coevolve_rel_confirm.yaml's crl_ent
     (the default before it)."""
+    import dataclasses
+
     from crl_jax.infra.demo import preset
 
-    def point_of(name, point):
-        with open(os.path.join(CONFIGS, name), encoding="utf-8") as f:
-            d = yaml.safe_load(f)
-        extra = [f"{k}={v}" for k, v in d["points"][point].items()]
-        return load(os.path.join(CONFIGS, d["config"]), list(d.get("overrides", [])) + extra)
+    def point_of(name, point):  # the config the sweep runs for `point`, at the embedded default's seed
+        member = next(m for m in expand(load_spec(os.path.join(CONFIGS, name)), str(tmp_path)) if m.point == point)
+        return dataclasses.replace(member.cfg, seed=0)
 
     ov, methods, seeds = preset("coevolve")
     assert ov == () and load(None) == point_of("return_counterfactual_confirm.yaml", "ret_cf16")
