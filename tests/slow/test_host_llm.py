@@ -1,18 +1,20 @@
 """`crl-jax train` with an LLM on the host environments: SmolLM2 (its first 2 decoder blocks, as the LLM smoke test
 truncates it) plays TextWorld (games generated in-process), the ALFWorld-PDDL tasks and real MiniHack, 1 group x 2
-rollouts x 2 turns, 2 steps each. One module: the runs share the loaded checkpoint (`load_checkpoint` is cached per
-process) and the compiled pieces of their Runtime (seeds share one).
+rollouts x 2 turns, 2 steps each, from the host format prior (`crl_jax/backends/llm/host_prior.py`: 60 actor and
+150 extractor steps on the game's own states). One module: the runs share the loaded checkpoint (`load_checkpoint`
+is cached per process) and the compiled pieces of their Runtime (seeds share one).
 
-With 2 of 30 blocks the replies are rarely valid commands or valid JSON, and the host format prior
-(`crl_jax/backends/llm/host_prior.py`) is too slow to fit here to change that (see SMALL): the runs check the
-plumbing (exit 0, every episode played and distilled, every extractor answer counted as bank operations or
-invalid, the valid-reply share counted, finite losses) and that `crl-jax sweep` over seeds 0 and 1 equals two
-`crl-jax train` runs (same key -> same metrics.csv); the reply parsing is checked on literal replies in
-tests/unit/test_host_llm_parse.py, the transcript of a played command below.
+The TextWorld runs' prior ships in `tests/fixtures/host_prior` (a ~9 min fit on 2 cores; see REFIT); the `heavy`
+runs fit their own. Checked: exit 0, valid commands played, every extractor answer parsed into bank operations
+(add / update / return) or counted invalid, entries added to the bank, finite losses, and `crl-jax sweep` over
+seeds 0 and 1 equal to two `crl-jax train` runs (same key -> same metrics.csv); the reply parsing is checked on
+literal replies in tests/unit/test_host_llm_parse.py, the transcript of a played command below.
 """
 
 import csv
+import glob
 import os
+import shutil
 
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +23,7 @@ import pytest
 pytest.importorskip("textworld")  # the `envs` extra; installed in CI
 pytest.importorskip("nle")
 
+from crl_jax.backends.llm.format_prior import format_prior_id
 from crl_jax.backends.llm.prompt_pieces import distill_prompt
 from crl_jax.config import load
 from crl_jax.infra import metrics as metrics_io
@@ -30,23 +33,30 @@ from crl_jax.loop.runtime import build
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "experiments", "configs", "smollm2_host.yaml")
-SMALL = ["rollout.groups=1", "rollout.group_size=2", "rollout.max_action_tokens=8", "env.max_turns=2",
-         "env.num_train_tasks=1", "env.num_eval_tasks=1", "extraction.max_new_tokens=16", "extraction.prompt_len=1024",
+SMALL = ["rollout.groups=1", "rollout.group_size=2", "rollout.max_action_tokens=12", "env.max_turns=2",
+         "env.num_train_tasks=1", "env.num_eval_tasks=1", "extraction.max_new_tokens=48", "extraction.prompt_len=1024",
          "extraction.batch=2", "extraction.buffer_capacity=8", "bank.capacity=16", "bank.entry_len=16",
          "bank.warmup_steps=1", "extraction.merge=false", "eval.every=0", "eval.tasks=1", "eval.greedy=false",
-         "loss.microbatches=1", "actor.truncate_layers=2", "extractor.truncate_layers=2", "format_prior.enabled=false"]
+         "loss.microbatches=1", "actor.truncate_layers=2", "extractor.truncate_layers=2"]
 # CI time: the merge (compiled in every LLM step; tests/slow/test_llm_smoke.py runs it) is off, and evaluation
-# samples at the training temperature, so it reuses the training turn's compiled program. The format prior is
-# off: on these shared CPUs its fit on the 2-block model (24 + 24 steps) took ~18 min of wall time and still left
-# the extractor's 2 answers per step invalid JSON (docs/USAGE.md, "Host environments").
+# samples at the training temperature, so it reuses the training turn's compiled program. Replies get 12 tokens
+# (TextWorld's short commands + "</answer>"), extractor answers 48 (one `add` of a 16-token lesson).
+PRIOR = ["format_prior.enabled=true", "format_prior.actor_steps=60", "format_prior.extractor_steps=150",
+         "format_prior.lr=5e-3", "format_prior.host_states=16"]
+# 24 + 24 steps left the extractor's answers invalid JSON (skipped keys, unclosed strings: 1 of 8 parsed); after
+# 150 steps 16 of 16 parsed (docs/USAGE.md, "Host environments").
+PRIORS = os.path.join(ROOT, "tests", "fixtures", "host_prior")
+REFIT = ("CRL_JAX_CACHE=DIR crl-jax pretrain --config experiments/configs/smollm2_host.yaml <the run's overrides>, "
+         "then copy DIR/format-prior-<id>.npz and .json to tests/fixtures/host_prior")
 ENVS = {"textworld": ["env.params.max_obs_tokens=320"], "alfworld": ["env.params.max_obs_tokens=160"],
         "minihack-room": ["env.params.max_obs_tokens=200", "env.params.variant=random"]}
 N = 2  # rollouts per step
 
 
-def overrides(name, tmp):
+def overrides(name, tmp, priors=None):
     extra = [f"env.params.cache_dir={tmp}"] if name == "textworld" else []
-    return SMALL + [f"env.name={name}"] + ENVS[name] + extra
+    extra += [f"pretrain.cache_dir={priors}"] if priors else []
+    return SMALL + PRIOR + [f"env.name={name}"] + ENVS[name] + extra
 
 
 def train(out, over):
@@ -73,14 +83,28 @@ def tw_games(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(tw_games, tmp_path_factory):
+def priors(tmp_path_factory):
+    """A prior cache holding the shipped priors (a run that finds none fits its own there)."""
+    d = tmp_path_factory.mktemp("priors")
+    for f in glob.glob(os.path.join(PRIORS, "format-prior-*")):
+        shutil.copy(f, d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def runs(tw_games, priors, tmp_path_factory):
     """(folder, metrics.csv rows, writer rows) of a 2-step run per (env, seed), trained on first use."""
     done = {}
 
     def get(name, seed=0):
         if (name, seed) not in done:
+            over = overrides(name, tw_games, priors)
+            if name == "textworld":  # fail fast rather than fit for minutes when what shapes the prior changed
+                pid = format_prior_id(load(CONFIG, over))
+                assert os.path.exists(os.path.join(PRIORS, f"format-prior-{pid}.npz")), \
+                    f"the TextWorld runs' format prior {pid} is not in tests/fixtures/host_prior; refit: {REFIT}"
             out = tmp_path_factory.mktemp(f"{name}_seed{seed}")
-            done[name, seed] = (out, *train(out, overrides(name, tw_games) + [f"seed={seed}"]))
+            done[name, seed] = (out, *train(out, over + [f"seed={seed}"]))
         return done[name, seed]
 
     return get
@@ -100,18 +124,20 @@ def test_train_llm_on_host_env(runs, name):
         ops = sum(float(r[k]) for k in ("ops_add", "ops_update", "ops_return", "ops_invalid"))
         assert ops >= N or float(r["ops_add"]) + float(r["ops_update"]) > 0, r
     valid = sum(N * float(r["episode_turns"]) * (1.0 - float(r["invalid_action_frac"])) for r in seen)
-    assert 0 <= valid <= 2 * N * 2  # counted per step (the writer's rows hold it; the CSV does not)
+    assert 1 <= valid <= 2 * N * 2, seen  # valid commands played (the writer's rows hold the share; the CSV not)
+    writes = sum(float(r["ops_add"]) + float(r["ops_update"]) for r in rows)
+    assert writes >= 1 and float(rows[-1]["bank_size"]) >= 1, rows  # bank operations applied
     assert float(rows[-1]["bank_size"]) <= float(rows[0]["ops_add"]) + float(rows[1]["ops_add"])
     assert 2 <= float(rows[0]["env_steps"]) <= 4 and float(rows[1]["env_steps"]) <= 8
     for k in ("eval_heldin_with_exp", "eval_heldout_without_exp"):  # evaluated at the last step
         assert rows[0][k] == "" and 0.0 <= float(rows[1][k]) <= 1.0
 
 
-def test_sweep_over_two_seeds_equals_two_train_runs(runs, tw_games, tmp_path):
+def test_sweep_over_two_seeds_equals_two_train_runs(runs, tw_games, priors, tmp_path):
     """`crl-jax sweep` of the 2-block config over seeds 0 and 1 runs each member through train's engine: its
     metrics.csv equal `crl-jax train`'s with the same seed (same key -> same metrics.csv); the seeds differ."""
     f = tmp_path / "sweep.yaml"
-    over = overrides("textworld", tw_games)
+    over = overrides("textworld", tw_games, priors)
     f.write_text(f"config: {CONFIG}\noverrides: [" + ", ".join(f'"{o}"' for o in over) + "]\nseeds: 2\n")
     main(["sweep", "--config", str(f), "--steps", "2", "--out", str(tmp_path / "sw"), "--no-plot", "--quiet"])
     members = [read(tmp_path / "sw" / "base" / f"seed{s}") for s in (0, 1)]

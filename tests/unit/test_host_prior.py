@@ -2,9 +2,13 @@
 starts on a scripted two-room game, each state with its own admissible commands, deterministic from the seed;
 ragged command tokens packed into padded tables."""
 
+import os
+
 import numpy as np
 
+from crl_jax.backends.llm.format_prior import format_prior_id
 from crl_jax.backends.llm.host_prior import WALK, _table, collect_states
+from crl_jax.config import load
 
 
 class _Game:
@@ -55,3 +59,12 @@ def test_ragged_token_lists_become_padded_tables():
     tokens, lengths = _table([[[1, 2], [3]], [[4, 5, 6]]], pad=9)
     np.testing.assert_array_equal(tokens, [[[1, 2, 9], [3, 9, 9]], [[4, 5, 6], [9, 9, 9]]])
     np.testing.assert_array_equal(lengths, [[2, 1], [3, 0]])
+
+
+def test_the_prior_id_ignores_where_textworld_games_are_compiled():
+    """The games' cache folder is a location, not the games (the same seeds give the same games): a prior fitted
+    with one folder serves a run with another; a parameter of the games themselves changes the id."""
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs", "smollm2_host.yaml")
+    ids = [format_prior_id(load(config, ["env.name=textworld", *extra])) for extra in
+           ([], ["env.params.cache_dir=/a"], ["env.params.cache_dir=/b"], ["env.params.max_obs_tokens=100"])]
+    assert ids[0] == ids[1] == ids[2] != ids[3]

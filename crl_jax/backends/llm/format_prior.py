@@ -189,11 +189,13 @@ def format_prior_id(cfg) -> str:
     host_env = cfg.env.name in adapter_names()
     skip = ("enabled",) if host_env else ("enabled", "host_states")
     host = {"pool_seed": cfg.env.pool_seed, "host_prior": host_prior.HOST_PRIOR_VERSION} if host_env else {}
+    # where the TextWorld games are compiled to is not what they are (the same games from the same seeds)
+    params = {k: v for k, v in dict(cfg.env.params or {}).items() if k != "cache_dir"}
     key = dict(actor=m(cfg.actor), extractor=m(cfg.extractor), prompts=_templates_hash(cfg.prompts),
                llm_prompt={k: v for k, v in dataclasses.asdict(cfg.llm_prompt).items() if not k.startswith("merge_")},
                lora={k: getattr(cfg.lora, k) for k in LORA_SHAPE_KEYS},
                prior={k: v for k, v in dataclasses.asdict(cfg.format_prior).items() if k not in skip},
-               env={"name": cfg.env.name, "params": cfg.env.params, "num_train_tasks": cfg.env.num_train_tasks,
+               env={"name": cfg.env.name, "params": params, "num_train_tasks": cfg.env.num_train_tasks,
                     "num_eval_tasks": cfg.env.num_eval_tasks, "max_turns": cfg.env.max_turns,
                     "task_ids_in_text": cfg.env.task_ids_in_text, **host},
                entry_len=cfg.bank.entry_len, prompt_len=cfg.extraction.prompt_len,
