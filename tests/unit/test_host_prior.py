@@ -1,6 +1,6 @@
 """The host format prior's states (`crl_jax/backends/llm/host_prior.py`): random walks from the training games'
 starts on a scripted two-room game, each state with its own admissible commands, deterministic from the seed;
-ragged command tokens packed into padded tables."""
+ragged command tokens packed into padded tables; the prior's id ignores where TextWorld games are compiled."""
 
 import os
 
