@@ -11,6 +11,9 @@ replay open-loop, `crl_jax.actor.replay`):
   broken ones left out; a level with none plays without experience). The first count is the final
   `eval_heldin_with_exp` times the number of levels; the gap between the two is what evaluation loses to the entry
   it shows, not to what the bank holds or to how the actor follows a working plan;
+- by last write: the valid entries split by the quarter of the run in which they were last written, how many
+  replay (and the FACT share): whether what the extractor writes now works better than what it wrote early on,
+  which the bank's overall share mixes;
 - bank: how many valid entries replay to success (the forms' FACT and MOVES entries apart).
 """
 
@@ -24,6 +27,20 @@ from crl_jax.actor.evaluate import greedy_success, pool_retrieval
 from crl_jax.actor.replay import can_replay, entry_levels, entry_replays, level_queries
 from crl_jax.config import ConfigError
 from crl_jax.envs.compact import is_fact
+
+
+def write_spans(updated, valid, ok, fact, steps: int, parts: int = 4) -> list[tuple]:
+    """Valid entries split by the iteration of their last write into `parts` equal spans of a run of `steps`
+    iterations (`updated`: the bank's 0-based `updated_step`) -> [(first, last iteration (1-based), entries,
+    replay share, FACT share)] (NaN shares for an empty span)."""
+    edges = [i * steps // parts for i in range(parts + 1)]
+    rows = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        m = valid & (updated >= lo) & (updated < hi)
+        n = int(m.sum())
+        rows.append((int(lo) + 1, int(hi), n, float(ok[m].mean()) if n else float("nan"),
+                     float(fact[m].mean()) if n else float("nan")))
+    return rows
 
 
 def bank_replay_report(rt, state) -> str:
@@ -53,6 +70,12 @@ def bank_replay_report(rt, state) -> str:
             f"{uses(tried & works)} with those, {uses(tried & ~works)} with the others"]
     if valid.any() and not getattr(rt.env, "episode_layouts", False):
         rows += level_rows(rt, state, works)
+    steps = int(state.step)
+    if steps >= 4:
+        forms = rt.tiny.row_ids is not None
+        spans = [f"{lo}-{hi}: {n} entries, {r:.2f} replay" + (f" (FACT {f:.2f})" if forms else "")
+                 for lo, hi, n, r, f in write_spans(np.asarray(bank.updated_step), valid, ok, fact, steps)]
+        rows.append("by last write, iterations " + "; ".join(spans))
     rows.append(line("bank", valid))
     if rt.tiny.row_ids is not None:
         rows += ["  " + line("FACT", valid & fact), "  " + line("MOVES", valid & ~fact)]

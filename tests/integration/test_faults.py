@@ -558,6 +558,11 @@ def test_bank_replay_reports_the_final_rows_replay_share(straight, capsys):
                      out[2])
     assert h and int(h[2]) == int(h[5]) == int(lv[2]) and int(h[3]) <= int(lv[1]), out
     assert int(h[1]) == round(int(h[2]) * float(last["eval_heldin_with_exp"]))
+    w = re.fullmatch(r"by last write, iterations (.*)", out[-2])  # the bank's entries by when they were written
+    spans = re.findall(r"(\d+)-(\d+): (\d+) entries, ([\d.]+|nan) replay", w[1]) if w else []
+    assert [(int(a), int(b)) for a, b, _, _ in spans] == [(1, 2), (3, 4), (5, 6), (7, 8)], out
+    assert sum(int(n) for _, _, n, _ in spans) == int(m[1])
+    assert sum(int(n) * float(r) for _, _, n, r in spans if int(n)) == pytest.approx(float(m[2]), abs=0.005 * int(m[1]))
 
 
 def test_cut_summary_and_killed_export_are_detected(straight, tmp_path, capsys, monkeypatch):
