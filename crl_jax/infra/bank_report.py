@@ -1,6 +1,6 @@
 """`crl-jax bank replay RUN`: do the bank's entries work, and does evaluation show the ones that do?
 
-Three parts, all on the run's newest checkpoint (tiny models on a built-in environment, where an entry's moves
+Four parts, all on the run's newest checkpoint (tiny models on a built-in environment, where an entry's moves
 replay open-loop, `crl_jax.actor.replay`):
 
 - tried: how many valid entries have been credited by a guided rollout (only those have rewarded the extractor
