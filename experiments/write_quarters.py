@@ -13,15 +13,12 @@ Two measures, paired 95% t-intervals over seeds:
 import argparse
 import os
 
-import jax
 import numpy as np
 
-from crl_jax.actor.replay import entry_replays
-from crl_jax.envs.compact import is_fact
-from crl_jax.infra.bank_report import write_spans
+from crl_jax.infra.bank_report import entry_outcomes, write_spans
 from crl_jax.infra.cli import _restore_run
 from crl_jax.infra.metrics import column, read_csv
-from crl_jax.infra.plot import t_interval
+from paired_table import _fmt  # experiments/, the script's own folder
 
 QUARTERS = 4
 
@@ -35,17 +32,10 @@ def fact_quarters(run: str) -> np.ndarray:
 def last_quarter_replay(run: str) -> tuple[int, float]:
     """(entries, replay share) of the final bank's entries last written in the run's last quarter."""
     _, rt, state, _ = _restore_run(run)
-    bank = state.bank
-    ok = np.asarray(jax.jit(lambda b: entry_replays(rt, b))(bank))
-    fact = np.asarray(is_fact(bank.tokens, bank.lengths, rt.tiny.row_ids), bool)
-    _, _, n, share, _ = write_spans(np.asarray(bank.updated_step), np.asarray(bank.valid, bool), ok, fact,
-                                    int(state.step), QUARTERS)[-1]
+    valid, ok, fact = entry_outcomes(rt, state.bank)
+    _, _, n, share, _ = write_spans(np.asarray(state.bank.updated_step), valid, ok, fact, int(state.step),
+                                    QUARTERS)[-1]
     return n, share
-
-
-def _ci(x) -> str:
-    m, h = t_interval(np.asarray(x, float))
-    return f"{m:+.3f} [{m - h:+.3f}, {m + h:+.3f}]"
 
 
 def _ms(x) -> str:
@@ -68,13 +58,13 @@ def main():
     for m in runs:
         print(f"  {m:20s}", " / ".join(_ms(fact[m][:, i]) for i in range(QUARTERS)))
     d = fact[a.point][:, -1] - fact[a.point][:, 0]
-    print(f"  {a.point}, last - first quarter: {_ci(d)}  seeds:", " ".join(f"{v:+.2f}" for v in d))
-    print(f"  {a.point} - {a.base}, last quarter: {_ci(fact[a.point][:, -1] - fact[a.base][:, -1])}")
+    print(f"  {a.point}, last - first quarter: {_fmt(d)}  seeds:", " ".join(f"{v:+.2f}" for v in d))
+    print(f"  {a.point} - {a.base}, last quarter: {_fmt(fact[a.point][:, -1] - fact[a.base][:, -1])}")
     print("replay share of the final bank's entries last written in the last quarter:")
     for m in runs:
         print(f"  {m:20s} {_ms([s for _, s in late[m]])}  per seed:", " ".join(f"{s:.2f}" for _, s in late[m]),
               " entries:", " ".join(str(n) for n, _ in late[m]))
-    print(f"  {a.point} - {a.base}: {_ci([x[1] - y[1] for x, y in zip(late[a.point], late[a.base])])}")
+    print(f"  {a.point} - {a.base}: {_fmt(np.array([x[1] - y[1] for x, y in zip(late[a.point], late[a.base])]))}")
 
 
 if __name__ == "__main__":

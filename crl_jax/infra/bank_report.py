@@ -43,15 +43,22 @@ def write_spans(updated, valid, ok, fact, steps: int, parts: int = 4) -> list[tu
     return rows
 
 
-def bank_replay_report(rt, state) -> str:
-    """The `bank replay` lines of a restored run's state (see the module doc)."""
+def entry_outcomes(rt, bank) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(valid [N] bool, replay success [N] float, FACT entry [N] bool; all False without the entry forms) of a
+    bank's slots."""
     if not can_replay(rt):
         raise ConfigError("bank replay replays the tiny models' entries on a built-in environment; this run has none")
-    bank = state.bank
     ok = np.asarray(jax.jit(lambda b: entry_replays(rt, b))(bank))
     valid = np.asarray(bank.valid, bool)
     fact = (np.asarray(is_fact(bank.tokens, bank.lengths, rt.tiny.row_ids), bool) if rt.tiny.row_ids is not None
             else np.zeros_like(valid))
+    return valid, ok, fact
+
+
+def bank_replay_report(rt, state) -> str:
+    """The `bank replay` lines of a restored run's state (see the module doc)."""
+    bank = state.bank
+    valid, ok, fact = entry_outcomes(rt, bank)
 
     def line(name, m):
         n = int(m.sum())
